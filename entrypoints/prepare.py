@@ -1,0 +1,55 @@
+"""Entry point `prepare`: make, hash and register every input of the study.
+
+    mlflow run . -e prepare --env-manager local --experiment-name gradshare-tiny -P study=gradshare-tiny
+    python -m entrypoints.prepare --study gradshare-tiny [--profile full] [--schedule.updates 8 ...]
+
+Any plan field can be overridden as `-P concern.field=value` (see gradshare/plan.py).
+A second prepare of the same study refuses; `-P new_study=true` archives the old
+study's experiment (renamed, nothing deleted) and starts a new one.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+
+from entrypoints.common import parse, truthy
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--new-study", "--new_study", default="false")
+    args, overrides = parse(ap, argv)
+
+    from gradshare import prepare as P
+    from gradshare import tracking as T
+    from gradshare.plan import load_plan
+
+    T.setup(args.study)
+    if truthy(args.new_study):
+        archived = P.archive_existing_study(args.study)
+        if archived:
+            print(f"[gradshare] previous study archived as experiment {archived!r}")
+    with T.study_run(args.study, "prepare", run_name="prepare") as run:
+        existing = [r for r in T.search(args.study, "prepare", status="FINISHED") if r.info.run_id != run.info.run_id]
+        if existing:
+            raise T.StudyError(
+                f"study {args.study!r} is already prepared (run {existing[0].info.run_id}); its inputs are "
+                f"pre-registered and are not regenerated. Start a new study with -P new_study=true "
+                f"(archives this one) or choose another -P study=NAME")
+        plan = load_plan(args.profile, overrides)
+        import mlflow
+        mlflow.set_tag(T.PLAN_SHA, plan.sha256())
+        inputs = P.scratch_dir()
+        try:
+            manifest = P.build_inputs(plan, inputs)
+            P.log_prepare_run(plan, inputs, manifest)
+        finally:
+            shutil.rmtree(inputs, ignore_errors=True)
+        print(f"[gradshare] prepared study {args.study!r}: plan_sha256 {plan.sha256()}, "
+              f"run {run.info.run_id}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The model: a Qwen3-style causal LM, its seed weights, and token-level losses.
+
+Tiny profile: built from `gradshare/configs/tiny_qwen3.json` with seeded init and
+pre-trained briefly and deterministically on conversations (the retention probes
+among them, so they are genuinely "already exposed"). Full profile: a local Hugging
+Face model directory, or a randomly initialised Qwen3-1.7B shape for throughput work.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def model_config(name: str, vocab_size: int | None = None):
+    from transformers import Qwen3Config
+
+    path = CONFIG_DIR / name
+    if not path.exists():
+        raise FileNotFoundError(f"model config {name!r} not in {CONFIG_DIR}")
+    cfg = json.loads(path.read_text())
+    if vocab_size is not None and "vocab_size" not in cfg:
+        cfg["vocab_size"] = vocab_size
+    return Qwen3Config(**cfg)
+
+
+def build_model(config, seed: int):
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.to(torch.float32)
+    return model
+
+
+def load_model(path: str | Path, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no Hugging Face model in {path}: expected config.json and weights")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+
+
+def save_model(model, tokenizer, out_dir: str | Path) -> Path:
+    """Weights (safetensors), config and tokenizer: a checkpoint folder that describes itself."""
+    out_dir = Path(out_dir)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def collate(encoded: list[tuple[list[int], list[bool]]], pad_id: int, device="cpu", left: bool = False):
+    """Pad a list of (ids, target mask) into tensors; padding is never a target."""
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(encoded), width), dtype=torch.long)
+    tgt = torch.zeros((len(encoded), width), dtype=torch.bool)
+    for i, (row, mask) in enumerate(encoded):
+        sl = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, sl] = torch.tensor(row)
+        att[i, sl] = 1
+        tgt[i, sl] = torch.tensor(mask)
+    return ids.to(device), att.to(device), tgt.to(device)
+
+
+def token_losses(model, ids, att, tgt) -> torch.Tensor:
+    """Per-token negative log-likelihood (nats) of target tokens; zeros elsewhere. Shape [B, T-1]."""
+    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+    labels = ids[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
+    return nll * tgt[:, 1:]
+
+
+def pretrain_seed(model, tokenizer, docs: list[dict], steps: int, batch_docs: int, lr: float,
+                  max_tokens: int, seed: int, log=print) -> list[float]:
+    """Short deterministic pre-training: fixed order from the seed, target-token-normalised loss."""
+    from gradshare.data.documents import encode
+
+    encoded = [encode(tokenizer, d, max_tokens) for d in docs]
+    order = list(range(len(encoded)))
+    random.Random(f"{seed}/pretrain").shuffle(order)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    losses = []
+    for step in range(steps):
+        idx = [order[(step * batch_docs + j) % len(order)] for j in range(batch_docs)]
+        ids, att, tgt = collate([encoded[i] for i in idx], tokenizer.pad_token_id)
+        nll = token_losses(model, ids, att, tgt)
+        loss = nll.sum() / tgt[:, 1:].sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if step % 20 == 0 or step == steps - 1:
+            log(f"pretrain {step + 1}/{steps} loss {losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def mean_nll(model, tokenizer, docs: list[dict], max_tokens: int, batch: int = 32, device="cpu") -> list[dict]:
+    """Per document: mean NLL per target token (nats) and the number of target tokens."""
+    from gradshare.data.documents import encode
+
+    model.eval()
+    out = []
+    for i in range(0, len(docs), batch):
+        chunk = docs[i:i + batch]
+        ids, att, tgt = collate([encode(tokenizer, d, max_tokens) for d in chunk], tokenizer.pad_token_id, device)
+        nll = token_losses(model, ids, att, tgt).double()
+        counts = tgt[:, 1:].sum(1)
+        for d, s, n in zip(chunk, nll.sum(1).tolist(), counts.tolist()):
+            out.append({"id": d["id"], "nll_nats": s / n, "tokens": int(n)})
+    return out

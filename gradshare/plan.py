@@ -1,0 +1,365 @@
+"""The study plan: every number of `STUDY.md`, in one frozen, typed object.
+
+Nothing else in gradshare holds a study number. Each concern is one frozen
+dataclass; the whole plan is `Plan`. Two profiles exist: `tiny` (the embedded
+default, a CPU laptop in minutes) and `full` (the 1.7B study on GPUs).
+
+    from gradshare.plan import load_plan
+    plan = load_plan("tiny", {"schedule.updates": "8", ...})
+    plan.sha256()                    # plan_sha256, over canonical JSON
+
+Overrides come as MLflow parameters named `concern.field` (strings, as MLflow
+stores them); they are parsed to the field's type and the resulting plan is
+validated: impossible combinations raise `PlanError` naming the fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run as written; the message names the fields."""
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    profile: str = "tiny"
+    """`tiny` (CPU, minutes) or `full` (the 1.7B study on GPUs)."""
+    seed: int = 20261202
+    """The one screening seed: data generation, schedule order, model init, RNG."""
+
+
+@dataclass(frozen=True)
+class ArmsPlan:
+    names: tuple[str, ...] = ("single", "dense", "powersgd")
+    """The arms, in the order they run (never overlapping)."""
+    candidate: str = "powersgd"
+    """The arm the screens judge."""
+    controls: tuple[str, ...] = ("single", "dense")
+    """Arms the candidate must not be inferior to."""
+    single_processes: int = 1
+    """Processes (GPUs) of the `single` arm: gradient accumulation on one device."""
+    dense_processes: int = 2
+    """Processes (GPUs) of the `dense` arm: plain DDP all-reduce."""
+    powersgd_processes: int = 2
+    """Processes (GPUs) of the `powersgd` arm: DDP with the PowerSGD hook."""
+
+    def processes(self, arm: str) -> int:
+        return {"single": self.single_processes, "dense": self.dense_processes,
+                "powersgd": self.powersgd_processes}[arm]
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    families: tuple[str, ...] = ("boolean_expressions", "multistep_arithmetic",
+                                 "word_sorting", "dyck_languages")
+    """Public BIG-Bench Hard task families, generated procedurally."""
+    train_per_family: int = 768
+    """Generated training tasks per family (4 x 768 = 3,072)."""
+    test_per_family: int = 256
+    """Final-test cases per family (4 x 256 = 1,024), disjoint from training."""
+    replay_docs: int = 1024
+    """Public conversation-replay documents in the training schedule."""
+    retention_probes: int = 128
+    """Conversations the seed model has seen; their NLL change is retention."""
+    pretrain_docs: int = 1024
+    """Tiny profile: conversations (besides the probes) the seed model is pre-trained on."""
+    replay_source: str = "chitchat"
+    """`chitchat` (the chitchat-dataset package), `file:/path.jsonl|.parquet`, or `datasets:NAME`."""
+    max_doc_tokens: int = 128
+    """Documents are truncated to this many tokens (prompt + target)."""
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    updates: int = 128
+    """Optimizer updates; every final model is fixed at this step."""
+    docs_per_update: int = 32
+    """Documents in one global batch."""
+    micro_batch_docs: int = 4
+    """Documents per forward/backward on one rank."""
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    source: str = "tiny"
+    """`tiny` (built from `config` and pre-trained by prepare), `hf:/local/dir`, or `random-qwen3-1.7b` (throughput only)."""
+    config: str = "tiny_qwen3.json"
+    """Qwen3-style config file in gradshare/configs for `tiny` and `random-*` sources."""
+    vocab_size: int = 1024
+    """Byte-level BPE vocabulary trained by prepare (tiny profile)."""
+    pretrain_steps: int = 120
+    """Deterministic pre-training updates of the tiny seed model."""
+    pretrain_batch_docs: int = 16
+    """Documents per pre-training update."""
+    pretrain_lr: float = 3e-3
+    """Pre-training AdamW learning rate."""
+
+
+@dataclass(frozen=True)
+class OptimPlan:
+    lr: float = 1e-3
+    """AdamW learning rate (constant after warm-up), identical in every arm."""
+    warmup_updates: int = 8
+    """Linear learning-rate warm-up, in updates."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+    """Global gradient-norm clip, applied to the communicated (decompressed) gradient."""
+
+
+@dataclass(frozen=True)
+class PowerSGDPlan:
+    rank: int = 32
+    """Matrix approximation rank."""
+    warmup_updates: int = 8
+    """Plain all-reduce for updates 1..8; compression from update 9."""
+    warm_start: bool = True
+    """Reuse Q between updates."""
+    error_feedback: str = "fp32-host"
+    """`fp32-host`: FP32 error in (pinned) host memory, moved per bucket; `device`: upstream behaviour."""
+    min_compression_rate: float = 2.0
+    """Upstream rule: compress a matrix only if (rows+cols) x rank x rate < rows x cols."""
+    bucket_cap_mb: int = 25
+    """DDP bucket size."""
+
+
+@dataclass(frozen=True)
+class HardwarePlan:
+    device: str = "cpu"
+    """`cpu` (gloo) or `cuda` (NCCL)."""
+    precision: str = "fp32"
+    """`fp32` or `bf16-autocast` (FP32 master weights)."""
+    deterministic: bool = True
+    """torch.use_deterministic_algorithms where supported."""
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    max_new_tokens: int = 24
+    """Greedy generation budget per test case."""
+    batch_size: int = 64
+    """Cases per generation batch (left padding, KV cache)."""
+
+
+@dataclass(frozen=True)
+class ScreenPlan:
+    z: float = 1.96
+    """Declared normal multiplier for every interval."""
+    task_gain_pp: float = 10.0
+    """Quality 1: candidate minus seed, overall accuracy, at least this (percentage points)."""
+    retention_upper_nats: float = 0.02
+    """Quality 2: upper bound of the retention NLL change at most this."""
+    noninferiority_pp: float = -3.0
+    """Quality 3: lower bound of candidate minus each control at least this."""
+    speed_ratio: float = 1.10
+    """Speed: candidate active tokens/s at least this times `single`'s."""
+
+
+@dataclass(frozen=True)
+class InfraPlan:
+    instance_type: str = "g6e.2xlarge"
+    gpu: str = "NVIDIA L40S 48GB"
+    hosts: tuple[str, ...] = ("host-a", "host-b")
+    zones: tuple[str, ...] = ("us-east-1a", "us-east-1b")
+    """Zone of each host; hosts in different zones pay cross-zone transfer."""
+    usd_per_host_hour: float = 2.24208
+    """On-demand price in us-east-1 as planned (declared, overridable)."""
+    price_date: str = "2026-12-02"
+    """Date the declared price was taken."""
+    cross_zone_usd_per_gb: float = 0.01
+    """Billed in each direction."""
+    deadline_hours: float = 6.0
+    budget_usd: float = 100.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    study: StudyPlan = field(default_factory=StudyPlan)
+    arms: ArmsPlan = field(default_factory=ArmsPlan)
+    data: DataPlan = field(default_factory=DataPlan)
+    schedule: SchedulePlan = field(default_factory=SchedulePlan)
+    model: ModelPlan = field(default_factory=ModelPlan)
+    optim: OptimPlan = field(default_factory=OptimPlan)
+    powersgd: PowerSGDPlan = field(default_factory=PowerSGDPlan)
+    hardware: HardwarePlan = field(default_factory=HardwarePlan)
+    scoring: ScoringPlan = field(default_factory=ScoringPlan)
+    screen: ScreenPlan = field(default_factory=ScreenPlan)
+    infra: InfraPlan = field(default_factory=InfraPlan)
+
+    # -- views ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def flat(self) -> dict[str, str]:
+        """Every field as `concern.field` -> string, as MLflow parameters hold them."""
+        out = {}
+        for concern, values in self.to_dict().items():
+            for name, value in values.items():
+                out[f"{concern}.{name}"] = _to_param(value)
+        return out
+
+    @property
+    def train_docs(self) -> int:
+        return len(self.data.families) * self.data.train_per_family + self.data.replay_docs
+
+    @property
+    def test_cases(self) -> int:
+        return len(self.data.families) * self.data.test_per_family
+
+
+# The full profile differs only where a 1.7B model on GPUs needs it to.
+PROFILES: dict[str, dict[str, str]] = {
+    "tiny": {},
+    "full": {
+        "study.profile": "full",
+        "model.source": "random-qwen3-1.7b",
+        "model.config": "qwen3_1p7b.json",
+        "model.pretrain_steps": "0",
+        "data.pretrain_docs": "0",
+        "data.max_doc_tokens": "512",
+        "optim.lr": "2e-5",
+        "hardware.device": "cuda",
+        "hardware.precision": "bf16-autocast",
+        "hardware.deterministic": "false",
+        "scoring.batch_size": "128",
+    },
+}
+
+
+def canonical_json(obj) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _to_param(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _parse(key: str, raw, typ):
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if typ is bool:
+            if raw.lower() in ("true", "1", "yes"):
+                return True
+            if raw.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError(raw)
+        if typ is int:
+            return int(raw)
+        if typ is float:
+            return float(raw)
+        if typing.get_origin(typ) is tuple:
+            return tuple(s.strip() for s in raw.split(",") if s.strip())
+        return raw
+    except ValueError:
+        raise PlanError(f"plan parameter {key}={raw!r} is not a valid {getattr(typ, '__name__', typ)}") from None
+
+
+def plan_keys() -> list[str]:
+    return sorted(Plan().flat())
+
+
+def load_plan(profile: str = "tiny", overrides: dict[str, str] | None = None) -> Plan:
+    """The profile's plan with `overrides` (`concern.field` -> value) applied and validated."""
+    if profile not in PROFILES:
+        raise PlanError(f"unknown profile {profile!r}: choose one of {sorted(PROFILES)}")
+    merged = {**PROFILES[profile], **(overrides or {})}
+    return validate(_apply(Plan(), merged))
+
+
+def plan_from_dict(d: dict) -> Plan:
+    """Rebuild a plan from `plan.json` (as logged by prepare); validated."""
+    flat = {f"{c}.{k}": v for c, vals in d.items() for k, v in vals.items()}
+    return validate(_apply(Plan(), {k: (tuple(v) if isinstance(v, list) else v) for k, v in flat.items()}))
+
+
+def _apply(plan: Plan, overrides: dict) -> Plan:
+    by_concern: dict[str, dict] = {}
+    hints = {name: typing.get_type_hints(cls) for name, cls in typing.get_type_hints(Plan).items()}
+    for key, raw in overrides.items():
+        concern, _, name = key.partition(".")
+        if concern not in hints or name not in hints[concern]:
+            raise PlanError(f"unknown plan parameter {key!r}; known: {', '.join(plan_keys())}")
+        by_concern.setdefault(concern, {})[name] = _parse(key, raw, hints[concern][name])
+    return dataclasses.replace(plan, **{
+        c: dataclasses.replace(getattr(plan, c), **vals) for c, vals in by_concern.items()})
+
+
+def validate(plan: Plan) -> Plan:
+    """Refuse impossible combinations with a message that names them."""
+    problems = []
+    s, d, a, p = plan.schedule, plan.data, plan.arms, plan.powersgd
+    if plan.study.profile not in PROFILES:
+        problems.append(f"study.profile={plan.study.profile!r} is not one of {sorted(PROFILES)}")
+    if s.updates < 1 or s.docs_per_update < 1 or s.micro_batch_docs < 1:
+        problems.append("schedule.updates, schedule.docs_per_update and schedule.micro_batch_docs must be >= 1")
+    elif s.updates * s.docs_per_update != plan.train_docs:
+        problems.append(
+            f"schedule.updates x schedule.docs_per_update = {s.updates} x {s.docs_per_update} = "
+            f"{s.updates * s.docs_per_update}, but the training documents number "
+            f"{len(d.families)} families x data.train_per_family {d.train_per_family} + "
+            f"data.replay_docs {d.replay_docs} = {plan.train_docs}; each document is used exactly once")
+    for arm in a.names:
+        if arm not in ("single", "dense", "powersgd"):
+            problems.append(f"arms.names holds unknown arm {arm!r}")
+            continue
+        world = a.processes(arm)
+        if world < 1:
+            problems.append(f"arms.{arm}_processes must be >= 1")
+        elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
+                s.docs_per_update % (world * s.micro_batch_docs) != 0:
+            problems.append(
+                f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
+                f"arms.{arm}_processes={world} ranks in micro-batches of "
+                f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
+                f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
+    if a.candidate not in a.names:
+        problems.append(f"arms.candidate={a.candidate!r} is not in arms.names")
+    for c in a.controls:
+        if c not in a.names:
+            problems.append(f"arms.controls holds {c!r}, which is not in arms.names")
+    if p.rank < 1:
+        problems.append("powersgd.rank must be >= 1")
+    if (p.warm_start or p.error_feedback != "none") and p.warmup_updates < 1:
+        # upstream: start_powerSGD_iter must be > 1 with error feedback or warm start
+        problems.append("powersgd.warmup_updates must be >= 1 when warm start or error feedback is on")
+    if p.warmup_updates >= s.updates:
+        problems.append(f"powersgd.warmup_updates={p.warmup_updates} leaves no compressed update "
+                        f"within schedule.updates={s.updates}")
+    if p.error_feedback not in ("fp32-host", "device", "none"):
+        problems.append(f"powersgd.error_feedback={p.error_feedback!r} is not fp32-host, device or none")
+    if plan.hardware.device not in ("cpu", "cuda"):
+        problems.append(f"hardware.device={plan.hardware.device!r} is not cpu or cuda")
+    if plan.hardware.precision not in ("fp32", "bf16-autocast"):
+        problems.append(f"hardware.precision={plan.hardware.precision!r} is not fp32 or bf16-autocast")
+    if plan.hardware.precision == "bf16-autocast" and plan.hardware.device != "cuda":
+        problems.append("hardware.precision=bf16-autocast needs hardware.device=cuda")
+    for name in ("train_per_family", "test_per_family", "retention_probes"):
+        if getattr(d, name) < 1:
+            problems.append(f"data.{name} must be >= 1")
+    if plan.model.source == "tiny" and plan.model.pretrain_steps < 1:
+        problems.append("model.source=tiny needs model.pretrain_steps >= 1 so that the probes are exposed")
+    if len(plan.infra.zones) != len(plan.infra.hosts):
+        problems.append("infra.zones must name one zone per host in infra.hosts")
+    if plan.screen.z <= 0:
+        problems.append("screen.z must be > 0")
+    if problems:
+        raise PlanError("impossible plan:\n  - " + "\n  - ".join(problems))
+    return plan

@@ -1,0 +1,127 @@
+"""MLflow: where every step's run lives, how steps find each other, how failure shows.
+
+Steps talk only through the tracking store: tags, run ids, artifacts. The store is
+whatever `MLFLOW_TRACKING_URI` says, else `sqlite:///mlflow.db` in the working
+directory. The experiment is the study's name.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+T = "gradshare."  # tag namespace
+STUDY, STEP, PLAN_SHA, ARM = T + "study", T + "step", T + "plan_sha256", T + "arm"
+FAILURE, CKPT_SHA, COMMITTED = T + "failure_reason", T + "checkpoint_sha256", T + "committed"
+
+
+class StudyError(RuntimeError):
+    """A refusal a user can act on: the message says what was wrong and what to do."""
+
+
+def setup(study: str):
+    """Point MLflow at the store and the study's experiment; returns the experiment id."""
+    import mlflow
+
+    if not study or not study.strip():
+        raise StudyError("the study name is empty: pass -P study=NAME")
+    os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    exp = mlflow.set_experiment(study)
+    return exp.experiment_id
+
+
+def client():
+    import mlflow
+
+    return mlflow.MlflowClient()
+
+
+def search(study: str, step: str, arm: str | None = None, status: str | None = None,
+           order: str = "attributes.start_time ASC") -> list:
+    """Runs of `study` at `step` (and `arm`), oldest first, through `search_runs` with a filter."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(study)
+    if exp is None:
+        return []
+    flt = f"tags.`{STEP}` = '{step}'"
+    if arm:
+        flt += f" and tags.`{ARM}` = '{arm}'"
+    if status:
+        flt += f" and attributes.status = '{status}'"
+    return client().search_runs([exp.experiment_id], flt, order_by=[order], max_results=1000)
+
+
+def prepare_run(study: str):
+    """The study's one FINISHED prepare run, or a StudyError that says to run prepare."""
+    runs = search(study, "prepare", status="FINISHED")
+    if not runs:
+        raise StudyError(f"study {study!r} has no finished prepare run: run "
+                         f"`mlflow run . -e prepare --env-manager local -P study={study}` first")
+    if len(runs) > 1:
+        raise StudyError(f"study {study!r} has {len(runs)} finished prepare runs; a study has one")
+    return runs[0]
+
+
+def is_committed(study: str) -> bool:
+    return bool(search(study, "commit", status="FINISHED"))
+
+
+def download(run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
+    import mlflow
+
+    dst = Path(dst or tempfile.mkdtemp(prefix="gradshare-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                    dst_path=str(dst)))
+
+
+def study_tags(study: str, step: str, plan_sha: str, arm: str | None = None) -> dict:
+    tags = {STUDY: study, STEP: step, PLAN_SHA: plan_sha}
+    if arm:
+        tags[ARM] = arm
+    return tags
+
+
+def one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StudyError) else str(exc)
+    return " ".join(text.split())[:4000]
+
+
+@contextlib.contextmanager
+def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
+              run_name: str | None = None, system_metrics: bool = False):
+    """An MLflow run of the study that ends FINISHED, or FAILED with a one-line reason.
+
+    Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to the
+    study's experiment; otherwise starts a new one there.
+    """
+    import mlflow
+
+    exp_id = setup(study)
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if run_id and client().get_run(run_id).info.experiment_id != exp_id:
+        print(f"[gradshare] launcher run {run_id} is outside experiment {study!r}; "
+              f"starting the step's run in {study!r} (use --experiment-name {study})", file=sys.stderr)
+        os.environ.pop("MLFLOW_RUN_ID")
+        run_id = None
+    run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
+                           log_system_metrics=system_metrics)
+    mlflow.set_tags(study_tags(study, step, plan_sha, arm))
+    try:
+        yield run
+    except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
+        reason = "stopped by the user (interrupt)" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
+        mlflow.set_tag(FAILURE, reason)
+        mlflow.end_run("FAILED")
+        if not isinstance(exc, StudyError):
+            traceback.print_exc()
+        print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
+        raise SystemExit(1) from None
+    else:
+        mlflow.end_run("FINISHED")

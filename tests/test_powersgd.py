@@ -1,0 +1,213 @@
+"""PowerSGD arm: the host-error hook against upstream, on two real gloo ranks.
+
+The host-error variant must change *where* the error lives, never *what* is
+communicated: with identical seeds and batches its averaged gradients must equal
+upstream `powerSGD_hook` with device error feedback at every exchange, across the
+warm-up boundary and while the error accumulates.
+"""
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gradshare.train.powersgd import (
+    HostErrorPowerSGDState,
+    host_error_powerSGD_hook,
+    hook_for,
+    logical_bytes_per_exchange,
+    make_powersgd_state,
+    powerSGD_hook_cpu_safe,
+)
+
+WORLD = 2
+SEED = 1234
+WARMUP = 4
+EXCHANGES = 12
+# (160, 96) and (256, 160) compress at rank 8, (8, 256) and biases do not; at rank 32
+# only (256, 160) compresses, so both ranks mix compressed and uncompressed tensors.
+SIZES = (96, 160, 256, 8)
+RANKS = (8, 32)
+VARIANTS = ("dense", "upstream", "host", "device")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(SEED)  # identical weights on both ranks and in every run
+    return nn.Sequential(nn.Linear(SIZES[0], SIZES[1]), nn.Tanh(),
+                         nn.Linear(SIZES[1], SIZES[2]), nn.Tanh(),
+                         nn.Linear(SIZES[2], SIZES[3]))
+
+
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Different data per rank and per step, so the ranks disagree and error accumulates.
+    g = torch.Generator().manual_seed(SEED * 1000 + rank * 100 + step)
+    return torch.randn(64, SIZES[0], generator=g), torch.randn(64, SIZES[-1], generator=g)
+
+
+def _upstream_in_order(state: PowerSGDState, bucket: dist.GradBucket
+                       ) -> torch.futures.Future[torch.Tensor]:
+    # The reference: upstream's hook, each bucket finished before the next, since with
+    # gloo upstream's callback-issued all-reduces otherwise race across buckets.
+    fut = powerSGD_hook(state, bucket)
+    fut.wait()
+    return fut
+
+
+def _run(rank: int, variant: str, matrix_rank: int) -> dict:
+    """EXCHANGES DDP updates (plain SGD) with one hook variant; the communicated grads per step."""
+    model = _model()
+    # A small bucket cap gives several buckets, so per-bucket indexing and upstream's
+    # "iter advances on the last bucket" both matter.
+    ddp = DDP(model, bucket_cap_mb=0.05)
+    state = None
+    if variant == "upstream":
+        state = PowerSGDState(None, matrix_approximation_rank=matrix_rank,
+                              start_powerSGD_iter=WARMUP + 1, use_error_feedback=True,
+                              warm_start=True, random_seed=SEED)
+        ddp.register_comm_hook(state, _upstream_in_order)
+    elif variant in ("host", "device"):
+        mode = "fp32-host" if variant == "host" else "device"
+        state = make_powersgd_state(None, rank=matrix_rank, warmup_updates=WARMUP, warm_start=True,
+                                    error_feedback=mode, min_compression_rate=2.0, seed=SEED)
+        ddp.register_comm_hook(state, hook_for(mode))
+    # variant "dense": DDP's built-in all-reduce, the reference for the warm-up.
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    grads, device_errors, host_errors = [], [], []
+    for step in range(EXCHANGES):
+        x, y = _batch(rank, step)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        grads.append([p.grad.detach().clone() for p in model.parameters()])
+        if variant == "host":
+            device_errors.append(len(state.error_dict))
+            host_errors.append({i: (t.dtype, t.device.type, t.numel())
+                                for i, t in state.host_error.items()})
+        opt.step()
+    return {"grads": grads, "device_errors": device_errors, "host_errors": host_errors,
+            "iter": state.iter if state is not None else None}
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=60))
+    try:
+        results = {r: {v: _run(rank, v, r) for v in VARIANTS} for r in RANKS}
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory) -> list[dict]:
+    out_dir = tmp_path_factory.mktemp("powersgd")
+    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    try:
+        while not ctx.join(timeout=1):  # raises if a rank failed
+            if time.monotonic() > deadline:
+                pytest.fail("two-rank PowerSGD run timed out")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("variant", ["host", "device"])
+@pytest.mark.parametrize("matrix_rank", RANKS)
+def test_hook_matches_upstream(two_rank_results, matrix_rank, variant):
+    for rank, results in enumerate(two_rank_results):
+        up, host = results[matrix_rank]["upstream"], results[matrix_rank][variant]
+        for step, (g_up, g_host) in enumerate(zip(up["grads"], host["grads"])):
+            for i, (a, b) in enumerate(zip(g_up, g_host)):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"rank {rank} step {step} param {i}: {m}")
+        assert host["iter"] == up["iter"] == EXCHANGES
+    # The exchange really averaged: both ranks hold the same gradient.
+    for a, b in zip(two_rank_results[0][matrix_rank]["host"]["grads"][-1],
+                    two_rank_results[1][matrix_rank]["host"]["grads"][-1]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("matrix_rank", RANKS)
+def test_host_error_lives_on_host_only(two_rank_results, matrix_rank):
+    host = two_rank_results[0][matrix_rank]["host"]
+    assert host["device_errors"] == [0] * EXCHANGES  # device copy freed after every exchange
+    n_params = sum(p.numel() for p in _model().parameters())
+    for step, errors in enumerate(host["host_errors"]):
+        exchange = step + 1
+        if exchange <= upstream_plain_exchanges(WARMUP):
+            assert errors == {}, f"exchange {exchange} is plain all-reduce and keeps no error"
+        else:
+            assert len(errors) > 1, "expected several DDP buckets"
+            assert all(d == torch.float32 and dev == "cpu" for d, dev, _ in errors.values())
+            assert sum(n for _, _, n in errors.values()) == n_params
+
+
+def upstream_plain_exchanges(warmup_updates: int) -> int:
+    """Exchanges that upstream all-reduces plainly for make_powersgd_state(warmup_updates)."""
+    return make_powersgd_state(None, 1, warmup_updates, True, "none", 2.0, 0).start_powerSGD_iter
+
+
+@pytest.mark.parametrize("matrix_rank", RANKS)
+def test_compression_starts_after_warmup(two_rank_results, matrix_rank):
+    """Pins which exchange is the first compressed one against plain DDP."""
+    res = two_rank_results[0][matrix_rank]
+    plain = upstream_plain_exchanges(WARMUP)
+    # Parameters stay identical across variants until the first compressed exchange.
+    for step in range(plain + 1):
+        same = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                   for a, b in zip(res["dense"]["grads"][step], res["host"]["grads"][step]))
+        assert same == (step + 1 <= plain), f"exchange {step + 1}"
+
+
+def test_make_state_modes():
+    host = make_powersgd_state(None, 32, 8, True, "fp32-host", 2.0, 7)
+    assert isinstance(host, HostErrorPowerSGDState) and host.use_error_feedback
+    assert hook_for("fp32-host") is host_error_powerSGD_hook
+    device = make_powersgd_state(None, 32, 8, True, "device", 2.0, 7)
+    assert type(device) is PowerSGDState and device.use_error_feedback
+    assert hook_for("device") is powerSGD_hook_cpu_safe
+    none = make_powersgd_state(None, 32, 8, False, "none", 2.0, 7)
+    assert not none.use_error_feedback and not none.warm_start
+    assert hook_for("none") is powerSGD_hook_cpu_safe
+    assert device.matrix_approximation_rank == 32
+    with pytest.raises(ValueError):
+        make_powersgd_state(None, 32, 8, True, "bf16", 2.0, 7)
+
+
+def test_logical_bytes_hand_computed():
+    assert logical_bytes_per_exchange([(256, 256)], 4, 32) == (256 + 256) * 32 * 4
+    # (128+128)*32*2 = 16384 is not < 128*128 = 16384: sent uncompressed.
+    assert logical_bytes_per_exchange([(128, 128)], 4, 32) == 128 * 128 * 4
+    assert logical_bytes_per_exchange([(1024,)], 4, 32) == 1024 * 4
+    # Conv-like (64, 32, 3, 3) is viewed as 64 x 288: (64+288)*32*2 = 22528 > 18432, uncompressed.
+    assert logical_bytes_per_exchange([(64, 32, 3, 3)], 2, 32) == 64 * 288 * 2
+    # rank capped by the smaller side: (4096, 8) -> min(32, 4096, 8) = 8; (4104*8*2) > 32768.
+    assert logical_bytes_per_exchange([(4096, 8)], 4, 32) == 4096 * 8 * 4
+    shapes = [(256, 256), (128, 128), (1024,)]
+    assert logical_bytes_per_exchange(shapes, 4, None) == (65536 + 16384 + 1024) * 4
+    assert logical_bytes_per_exchange(shapes, 4, 32) == (16384 + 16384 + 1024) * 4
+
+
+def test_compression_ratio_realistic():
+    # One transformer block of a ~1.7B model (d=2048, MLP 8192), plus its norms.
+    d, f = 2048, 8192
+    shapes = [(3 * d, d), (d, d), (f, d), (d, f), (d,), (d,), (3 * d,), (f,)]
+    dense = logical_bytes_per_exchange(shapes, 4, None)
+    compressed = logical_bytes_per_exchange(shapes, 4, 32)
+    assert dense / compressed > 10
