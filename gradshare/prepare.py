@@ -143,7 +143,10 @@ def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
     for path, context in (("data/train_tasks.jsonl", "training"), ("data/replay.jsonl", "training"),
                           ("eval/test_tasks.jsonl", "test"), ("eval/probes.jsonl", "retention")):
         df = pd.DataFrame(read_jsonl(inputs / path))
-        ds = mlflow.data.from_pandas(df, name=path, source=f"prepare:inputs/{path}")
+        try:
+            ds = mlflow.data.from_pandas(df, name=path, source=mlflow.get_artifact_uri(f"inputs/{path}"))
+        except mlflow.exceptions.MlflowException:  # an artifact scheme no dataset resolver knows
+            ds = mlflow.data.from_pandas(df, name=path)
         # MLflow's own digest is 8 hex characters over 10,000 rows: not enough to pre-register.
         mlflow.log_input(ds, context=context, tags={"gradshare.sha256": sha[path]})
     seed = manifest["seed_model"]

@@ -111,15 +111,23 @@ def make_powersgd_state(process_group, rank: int, warmup_updates: int, warm_star
                         seed: int) -> PowerSGDState:
     """The arm's PowerSGD state; `error_feedback` is `fp32-host`, `device` or `none`.
 
-    Upstream runs plain all-reduce while its pass counter `iter` (0-based, +1 per hook
-    pass, i.e. per exchange) is below `start_powerSGD_iter`.
+    Exchanges (DDP hook passes, one per update) 1..warmup_updates are plain all-reduce,
+    compression starts at exchange warmup_updates + 1. Upstream all-reduces while its
+    counter `iter` (0 at the first pass, +1 after each pass) is below
+    `start_powerSGD_iter`, i.e. for exactly `start_powerSGD_iter` passes; hence
+    start_powerSGD_iter = warmup_updates, not warmup_updates + 1 (that would add a pass).
     """
     if error_feedback not in ERROR_FEEDBACK_MODES:
         raise ValueError(f"error_feedback={error_feedback!r} is not one of {ERROR_FEEDBACK_MODES}")
+    if (warm_start or error_feedback != "none") and warmup_updates < 2:
+        # Upstream refuses start_powerSGD_iter <= 1 here: DDP rebuilds its buckets after
+        # the first pass, which would invalidate per-bucket error and P/Q memory.
+        raise ValueError(f"warmup_updates={warmup_updates}: must be >= 2 with warm start "
+                         "or error feedback (upstream needs start_powerSGD_iter > 1)")
     kwargs = dict(
         process_group=process_group,
         matrix_approximation_rank=rank,
-        start_powerSGD_iter=warmup_updates + 1,
+        start_powerSGD_iter=warmup_updates,
         min_compression_rate=min_compression_rate,
         use_error_feedback=error_feedback != "none",
         warm_start=warm_start,

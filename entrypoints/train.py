@@ -1,0 +1,47 @@
+"""Entry point `train`: one arm of the study, 128 updates, every step metered.
+
+    mlflow run . -e train --env-manager local --experiment-name gradshare-tiny -P arm=single
+    mlflow run . -e train --env-manager local --experiment-name gradshare-tiny -P arm=dense
+    mlflow run . -e train --env-manager local --experiment-name gradshare-tiny -P arm=powersgd
+    # two hosts, one GPU each (run on both, machine_rank 0 and 1):
+    mlflow run . -e train --env-manager local -P arm=powersgd -P num_machines=2 \\
+        -P machine_rank=0 -P main_process_ip=10.0.0.5 -P main_process_port=29500
+
+The arm's processes are started with `accelerate launch` (gloo on CPU, NCCL on GPU).
+A run that cannot start, diverges or is stopped ends FAILED with gradshare.failure_reason.
+"""
+from __future__ import annotations
+
+import argparse
+
+from entrypoints.common import parse
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    ap.add_argument("--arm", required=True, choices=["single", "dense", "powersgd"])
+    ap.add_argument("--num-machines", type=int, default=1)
+    ap.add_argument("--machine-rank", type=int, default=0)
+    ap.add_argument("--main-process-ip", default="127.0.0.1")
+    ap.add_argument("--main-process-port", type=int, default=0)
+    args, overrides = parse(ap, argv)
+    if overrides:
+        ap.error("train takes its plan from the prepare run; plan overrides belong to prepare")
+
+    from gradshare import tracking as T
+    from gradshare.train.driver import Launch, run_arm
+
+    launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
+    with T.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
+                     system_metrics=True) as run:
+        summary = run_arm(args.study, args.arm, run, launch)
+        if summary:
+            m = summary["metrics"]
+            print(f"[gradshare] arm {args.arm} FINISHED: final loss {m['train/final_loss']:.4f}, "
+                  f"active {m['perf/active_s']:.1f}s, {m['perf/active_tokens_per_s']:,.0f} tok/s, "
+                  f"checkpoint {summary['checkpoint_sha256'][:16]}…")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The train step around the worker processes: refuse, fetch and verify, launch, record.
+
+Runs inside the arm's MLflow run (see `entrypoints.train`). It refuses a candidate
+once the study is committed and an arm that would overlap another running arm,
+downloads only the inputs training needs from the prepare run (never the test set),
+checks every byte against the registered manifest, launches the worker processes
+with `accelerate launch`, and records the summary, the step-128 checkpoint and its
+SHA-256.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradshare import tracking as T
+from gradshare.hashing import sha256_file, sha256_text
+from gradshare.plan import Plan, plan_from_dict
+from gradshare.prepare import TRAIN_INPUTS
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Multi-node settings passed through to `accelerate launch` (one host by default)."""
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: int = 0  # 0: pick a free port (one host only)
+
+
+def load_prepared_plan(study: str) -> tuple[object, Plan]:
+    """The study's prepare run and its plan, checked against the run's plan hash tag."""
+    prep = T.prepare_run(study)
+    path = T.download(prep.info.run_id, "plan.json")
+    raw = json.loads(Path(path).read_text())
+    registered = raw.pop("plan_sha256")
+    plan = plan_from_dict(raw)
+    if plan.sha256() != registered or prep.data.tags.get(T.PLAN_SHA) != registered:
+        raise T.StudyError(f"plan.json of prepare run {prep.info.run_id} does not hash to its registered "
+                           f"plan_sha256; the study's inputs cannot be trusted: prepare a new study")
+    return prep, plan
+
+
+def fetch_verified_inputs(prep_run_id: str, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Path:
+    """Download `wanted` inputs and refuse on any byte that differs from the manifest."""
+    manifest = json.loads(T.download(prep_run_id, "inputs/manifest.json", workdir).read_text())
+    if manifest["plan_sha256"] != plan.sha256():
+        raise T.StudyError("inputs/manifest.json belongs to another plan: prepare a new study")
+    entries = [e for e in manifest["files"] if any(e["path"] == w or e["path"].startswith(w + "/")
+                                                   for w in wanted)]
+    root = workdir / "inputs"
+    for w in wanted:  # seed_model/ exists only where prepare built the seed model
+        if any(e["path"] == w or e["path"].startswith(w + "/") for e in entries):
+            # MLflow places the artifact's last path component directly under dst.
+            T.download(prep_run_id, f"inputs/{w}", root / Path(w).parent)
+    bad = [e["path"] for e in entries
+           if not (root / e["path"]).is_file() or sha256_file(root / e["path"]) != e["sha256"]]
+    if bad:
+        raise T.StudyError(f"input hash mismatch for {', '.join(bad[:5])}: these files differ from the "
+                           f"prepare run's manifest; refusing to train on unregistered inputs")
+    return root
+
+
+def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
+    import torch
+
+    need = plan.arms.processes(arm)
+    if plan.hardware.device != "cuda":
+        return
+    if need % launch.num_machines:
+        raise T.StudyError(f"arm {arm} needs {need} GPUs, which do not split over "
+                           f"{launch.num_machines} machines")
+    per_host, have = need // launch.num_machines, torch.cuda.device_count()
+    if have < per_host:
+        raise T.StudyError(
+            f"arm {arm} needs {need} CUDA device(s) ({per_host} on this host with num_machines="
+            f"{launch.num_machines}), found {have}: run it on a host with {per_host} GPU(s) or pass "
+            f"the second host with -P num_machines=2 -P main_process_ip=HOST")
+
+
+def check_may_start(study: str, arm: str, own_run_id: str, plan: Plan) -> None:
+    if arm not in plan.arms.names:
+        raise T.StudyError(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
+    if T.is_committed(study):
+        raise T.StudyError(f"study {study!r} is committed: its candidates are sealed and no new "
+                           f"train run may start; prepare a new study to train again")
+    running = [r.info.run_id for r in T.search(study, "train", status="RUNNING") if r.info.run_id != own_run_id]
+    if running:
+        raise T.StudyError(f"another arm of study {study!r} is running (run {running[0]}); arms run one "
+                           f"after another, never overlapping: wait for it or stop it")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch) -> list[str]:
+    n = plan.arms.processes(arm)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
+           "--num_machines", str(launch.num_machines), "--mixed_precision", "no",
+           "--dynamo_backend", "no"]
+    if n > 1:
+        # `--cpu` with several processes starts one process; `--multi_gpu` plus
+        # Accelerator(cpu=True) gives real gloo ranks on CPU.
+        port = launch.main_process_port or _free_port()
+        cmd += ["--multi_gpu", "--machine_rank", str(launch.machine_rank),
+                "--main_process_ip", launch.main_process_ip, "--main_process_port", str(port)]
+    elif plan.hardware.device == "cpu":
+        cmd += ["--cpu", "--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
+    return cmd + ["-m", "gradshare.train.worker", "--workdir", str(workdir), "--arm", arm,
+                  "--run-id", run_id]
+
+
+def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
+    """The whole train step for one arm inside its MLflow run; returns the worker's summary."""
+    import mlflow
+
+    prep, plan = load_prepared_plan(study)
+    mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
+    check_may_start(study, arm, run.info.run_id, plan)
+    mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
+                       "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
+                       "main_process_ip": launch.main_process_ip})
+    check_devices(plan, arm, launch)
+    tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
+    try:
+        workdir = fetch_verified_inputs(prep.info.run_id, plan, tmp)
+        (workdir / "plan.json").write_text(json.dumps(plan.to_dict() | {"plan_sha256": plan.sha256()}))
+        cmd = launch_command(plan, arm, workdir, run.info.run_id, launch)
+        print("[gradshare] launching:", " ".join(cmd), flush=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        rc = subprocess.run(cmd, env=env).returncode
+        if rc != 0:
+            reasons = [p.read_text().strip() for p in sorted(workdir.glob("failure.rank*.txt"))]
+            raise T.StudyError(reasons[0] if reasons else
+                               f"arm {arm}: a worker process exited with code {rc} and left no reason; "
+                               f"see the run's log")
+        if launch.machine_rank != 0:
+            return {}
+        summary = json.loads((workdir / "summary.json").read_text())
+        mlflow.log_metrics(summary["metrics"])
+        mlflow.log_text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
+        mlflow.set_tag("gradshare.schedule_sha256", sha256_text("\n".join(summary["update_sha256"])))
+        mlflow.log_artifacts(str(workdir / "checkpoint"), "checkpoint")
+        mlflow.set_tag(T.CKPT_SHA, summary["checkpoint_sha256"])
+        mlflow.log_dict({"hosts": summary["hosts"], "losses": summary["losses"]}, "train_summary.json")
+        return summary
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+

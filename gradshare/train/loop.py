@@ -1,0 +1,185 @@
+"""The one training loop of every arm.
+
+The arms differ only in how the gradient is communicated:
+  single    one process, 32 documents per update by gradient accumulation
+  dense     DDP, plain all-reduce of the full gradient
+  powersgd  DDP with the PowerSGD hook (host-resident FP32 error feedback)
+Everything else — seed, schedule, global target normalisation, clipping, AdamW — is
+the same code path. Run by `gradshare.train.worker` under `accelerate launch`.
+
+An update reads top to bottom: learning rate; micro-batches under `no_sync` until
+the last (so exactly one gradient exchange per update); the global loss; clip; step;
+`zero_grad(set_to_none=True)`; metering.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gradshare.data.documents import encode
+from gradshare.data.schedule import rank_share, update_sha256
+from gradshare.metering import Clock, host_counters, per_host_delta
+from gradshare.model import collate, token_losses
+from gradshare.plan import Plan
+from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
+
+# Fault injection for the failure-path tests: a NaN loss at this update (1-based).
+INJECT_NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
+
+
+class DivergenceError(RuntimeError):
+    pass
+
+
+@dataclass
+class LoopResult:
+    losses: list[float] = field(default_factory=list)
+    active_s: float = 0.0
+    tokens: int = 0
+    logical_bytes: int = 0
+    logical_bytes_post_warmup: int = 0
+    wire: dict = field(default_factory=dict)  # host -> summed deltas
+
+
+def _lr(plan: Plan, update: int) -> float:
+    o = plan.optim
+    if o.warmup_updates and update <= o.warmup_updates:
+        return o.lr * update / o.warmup_updates
+    return o.lr
+
+
+def micro_batches(doc_ids: list[str], lengths: dict[str, int], size: int) -> list[list[str]]:
+    """This rank's share in micro-batches, grouped by length to waste little padding.
+
+    The update's gradient is a sum over its documents, so grouping changes rounding
+    only, never the function being computed.
+    """
+    ordered = sorted(doc_ids, key=lambda i: (lengths[i], i))
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
+    """`single`: the model itself. `dense`/`powersgd`: DDP, with the PowerSGD hook for the latter."""
+    if arm == "single":
+        return model, None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=plan.powersgd.bucket_cap_mb)
+    state = None
+    if arm == "powersgd":
+        p = plan.powersgd
+        state = make_powersgd_state(dist.group.WORLD, p.rank, p.warmup_updates, p.warm_start,
+                                    p.error_feedback, p.min_compression_rate, plan.study.seed)
+        ddp.register_comm_hook(state, hook_for(p.error_feedback))
+    return ddp, state
+
+
+def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
+          device: torch.device, rank: int, world: int, on_step=None, log=print) -> LoopResult:
+    """Run every update of the schedule; `on_step(update, metrics)` is called on rank 0."""
+    s, o = plan.schedule, plan.optim
+    max_tok = schedule["max_doc_tokens"]
+    encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
+    lengths = {i: len(e[0]) for i, e in encoded.items()}
+    net, _ = wrap_for_arm(model, arm, plan, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                            weight_decay=o.weight_decay)
+    shapes = [tuple(p.shape) for p in params]
+    dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
+    psgd_bytes = logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if plan.hardware.precision == "bf16-autocast"
+                else contextlib.nullcontext())
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    inject = int(os.environ.get(INJECT_NAN_ENV, "0") or 0)
+    res = LoopResult()
+    t_start = time.perf_counter()
+    net.train()
+    for u, update_docs in enumerate(schedule["updates"], start=1):
+        if update_sha256(update_docs) != schedule["update_sha256"][u - 1]:
+            raise RuntimeError(f"schedule entry {u} does not match its registered hash")
+        n_global = schedule["target_tokens"][u - 1]
+        mine = rank_share(update_docs, rank, world)
+        mbs = micro_batches(mine, lengths, s.micro_batch_docs)
+        for g in opt.param_groups:
+            g["lr"] = _lr(plan, u)
+        wire0 = _gather(host_counters(), world)
+        with Clock(sync) as clock:
+            local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
+            for k, mb in enumerate(mbs):
+                ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
+                last = k == len(mbs) - 1
+                no_sync = net.no_sync() if (world > 1 and not last) else contextlib.nullcontext()
+                with no_sync, autocast:
+                    nll = token_losses(net, ids, att, tgt).sum()
+                    # Sum of token losses over the global batch / its target count; DDP
+                    # averages over ranks, so each rank scales by world to undo it.
+                    (nll * (world / n_global)).backward()
+                local += torch.stack([nll.detach().double(), tgt[:, 1:].sum().double(),
+                                      att.sum().double()])
+            if world > 1:
+                dist.all_reduce(local)
+            # Reads the loss back from the device: the step's one host sync.
+            loss_sum, n_targets, n_tokens = local.tolist()
+            if int(n_targets) != n_global:
+                raise RuntimeError(f"update {u}: counted {int(n_targets)} target tokens, "
+                                   f"schedule registered {n_global}")
+            loss = loss_sum / n_global
+            if inject and u == inject:
+                loss = float("nan")
+            if not math.isfinite(loss):
+                raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {arm}")
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, o.clip_norm).item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        wire1 = _gather(host_counters(), world)
+        step_bytes = dense_bytes if (arm != "powersgd" or u <= plan.powersgd.warmup_updates) else psgd_bytes
+        step_bytes = 0 if arm == "single" else step_bytes
+        res.losses.append(loss)
+        res.active_s += clock.seconds
+        res.tokens += int(n_tokens)
+        res.logical_bytes += step_bytes
+        if arm == "powersgd" and u > plan.powersgd.warmup_updates or arm == "dense":
+            res.logical_bytes_post_warmup += step_bytes
+        if rank == 0:
+            hosts = per_host_delta(wire0, wire1)
+            for h, d in hosts.items():
+                acc = res.wire.setdefault(h, {k: 0 for k in d})
+                for k, v in d.items():
+                    acc[k] += v
+            metrics = {
+                "train/loss": loss, "train/grad_norm": grad_norm, "train/lr": _lr(plan, u),
+                "train/target_tokens": n_global,
+                "perf/step_s": clock.seconds, "perf/tokens_per_s": n_tokens / clock.seconds,
+                "perf/gpu_s": clock.seconds * world,
+                "comm/logical_bytes": step_bytes,
+                "comm/wire_tx_bytes": sum(d["wire_tx"] for d in hosts.values()),
+                "comm/wire_rx_bytes": sum(d["wire_rx"] for d in hosts.values()),
+                "comm/loopback_bytes": sum(d["lo_tx"] for d in hosts.values()),
+            }
+            for j, (h, d) in enumerate(sorted(hosts.items())):
+                metrics[f"comm/host{j}/wire_tx_bytes"] = d["wire_tx"]
+                metrics[f"comm/host{j}/wire_rx_bytes"] = d["wire_rx"]
+            if on_step:
+                on_step(u, metrics, update_sha256(update_docs))
+            elapsed = time.perf_counter() - t_start
+            eta = elapsed / u * (len(schedule["updates"]) - u)
+            log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
+                f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
+                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    return res
+
+
+def _gather(obj, world: int) -> list:
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,145 @@
+"""One training process of an arm. Started by `entrypoints.train` through accelerate:
+
+    accelerate launch --num_processes 1 -m gradshare.train.worker --workdir W --arm single --run-id R
+    accelerate launch --multi_gpu --num_processes 2 -m gradshare.train.worker --workdir W --arm dense --run-id R
+    accelerate launch --multi_gpu --num_machines 2 --machine_rank 0 --main_process_ip HOST \\
+        --main_process_port 29500 --num_processes 2 -m gradshare.train.worker ...   # two hosts
+
+`W` holds the verified train inputs (plan.json, schedule.json, data/, tokenizer/,
+seed_model/). Only rank 0 talks to MLflow (run `R`); the other ranks send what must
+be logged (their host's wire bytes) to rank 0 through the process group. Any rank
+that fails writes `failure.rank<N>.txt` in `W` for the driver to report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+
+def _load_docs(workdir: Path) -> dict[str, dict]:
+    from gradshare.hashing import read_jsonl
+
+    docs = {}
+    for name in ("data/train_tasks.jsonl", "data/replay.jsonl"):
+        for d in read_jsonl(workdir / name):
+            docs[d["id"]] = d
+    return docs
+
+
+def _seed_model(plan, workdir: Path, tokenizer):
+    from gradshare.model import build_model, load_model, model_config
+
+    src = plan.model.source
+    if src.startswith("random-"):
+        return build_model(model_config(plan.model.config), plan.study.seed)
+    if src.startswith("hf:"):
+        return load_model(src[3:])
+    return load_model(workdir / "seed_model")
+
+
+def run(workdir: Path, arm: str, run_id: str | None) -> None:
+    from accelerate import Accelerator
+
+    from gradshare.data.tokenizer import load_tokenizer
+    from gradshare.hashing import file_entries, tree_sha256
+    from gradshare.model import save_model
+    from gradshare.plan import plan_from_dict
+    from gradshare.sources import set_determinism
+    from gradshare.train.loop import train
+
+    t_wall = time.perf_counter()
+    plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
+                           if k != "plan_sha256"})
+    accelerator = Accelerator(cpu=plan.hardware.device == "cpu")
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    expected = plan.arms.processes(arm)
+    if world != expected:
+        raise RuntimeError(f"arm {arm} needs {expected} processes, launched with {world}")
+    set_determinism(plan.hardware.deterministic)
+    torch.manual_seed(plan.study.seed)
+    tokenizer = load_tokenizer(workdir / "tokenizer")
+    model = _seed_model(plan, workdir, tokenizer).to(device)
+    schedule = json.loads((workdir / "schedule.json").read_text())
+    docs = _load_docs(workdir)
+
+    client = None
+    if rank == 0 and run_id:
+        import mlflow
+        from mlflow.entities import Metric
+
+        client = mlflow.MlflowClient()
+
+    seen = []  # per-update hash of the document ids actually trained on, equal across arms
+
+    def on_step(u: int, metrics: dict, docs_sha: str) -> None:
+        seen.append(docs_sha)
+        if client is not None:
+            now = int(time.time() * 1000)
+            client.log_batch(run_id, metrics=[Metric(k, float(v), now, u) for k, v in metrics.items()])
+
+    log = print if rank == 0 else (lambda *a, **k: None)
+    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log)
+
+    if rank == 0:
+        t0 = time.perf_counter()
+        ckpt = save_model(model, tokenizer, workdir / "checkpoint")
+        entries = file_entries(ckpt)
+        save_s = time.perf_counter() - t0
+        summary = {
+            "perf/active_s": res.active_s,
+            "perf/active_tokens_per_s": res.tokens / res.active_s,
+            "perf/gpu_s_active": res.active_s * world,
+            "perf/gpu_s_total": (time.perf_counter() - t_wall) * world,
+            "perf/wall_s": time.perf_counter() - t_wall,
+            "perf/tokens_total": res.tokens,
+            "ckpt/save_s": save_s,
+            "ckpt/bytes": sum(e["bytes"] for e in entries),
+            "comm/logical_bytes_total": res.logical_bytes,
+            "comm/logical_bytes_post_warmup": res.logical_bytes_post_warmup,
+            "train/final_loss": res.losses[-1],
+            "world_size": world,
+        }
+        for j, (h, d) in enumerate(sorted(res.wire.items())):
+            summary[f"comm/host{j}/wire_tx_bytes_total"] = d["wire_tx"]
+            summary[f"comm/host{j}/wire_rx_bytes_total"] = d["wire_rx"]
+            summary[f"comm/host{j}/loopback_bytes_total"] = d["lo_tx"]
+        summary["comm/wire_tx_bytes_total"] = sum(d["wire_tx"] for d in res.wire.values())
+        summary["comm/wire_rx_bytes_total"] = sum(d["wire_rx"] for d in res.wire.values())
+        (workdir / "summary.json").write_text(json.dumps({
+            "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
+            "hosts": sorted(res.wire), "losses": res.losses, "update_sha256": seen}, indent=1))
+    accelerator.wait_for_everyone()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--arm", required=True)
+    ap.add_argument("--run-id", default="")
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        run(workdir, args.arm, args.run_id or None)
+    except BaseException as exc:
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
+        if isinstance(exc, KeyboardInterrupt):
+            reason = "stopped by the user (interrupt)"
+        (workdir / f"failure.rank{rank}.txt").write_text(reason)
+        traceback.print_exc()
+        raise SystemExit(1)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
