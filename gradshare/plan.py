@@ -337,9 +337,10 @@ def validate(plan: Plan) -> Plan:
             problems.append(f"arms.controls holds {c!r}, which is not in arms.names")
     if p.rank < 1:
         problems.append("powersgd.rank must be >= 1")
-    if (p.warm_start or p.error_feedback != "none") and p.warmup_updates < 1:
-        # upstream: start_powerSGD_iter must be > 1 with error feedback or warm start
-        problems.append("powersgd.warmup_updates must be >= 1 when warm start or error feedback is on")
+    if (p.warm_start or p.error_feedback != "none") and p.warmup_updates < 2:
+        # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
+        # DDP rebuilds its buckets after the first exchange.
+        problems.append("powersgd.warmup_updates must be >= 2 when warm start or error feedback is on")
     if p.warmup_updates >= s.updates:
         problems.append(f"powersgd.warmup_updates={p.warmup_updates} leaves no compressed update "
                         f"within schedule.updates={s.updates}")

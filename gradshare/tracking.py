@@ -30,6 +30,7 @@ def setup(study: str):
     if not study or not study.strip():
         raise StudyError("the study name is empty: pass -P study=NAME")
     os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.set_experiment(study)
     return exp.experiment_id

@@ -31,7 +31,7 @@ SEED = 1234
 WARMUP = 4
 EXCHANGES = 12
 # (160, 96) and (256, 160) compress at rank 8, (8, 256) and biases do not; at rank 32
-# only (256, 160) compresses, so both ranks mix compressed and uncompressed tensors.
+# only (256, 160) compresses, so both matrix ranks mix compressed and uncompressed tensors.
 SIZES = (96, 160, 256, 8)
 RANKS = (8, 32)
 VARIANTS = ("dense", "upstream", "host", "device")
@@ -179,6 +179,7 @@ def test_make_state_modes():
     host = make_powersgd_state(None, 32, 8, True, "fp32-host", 2.0, 7)
     assert isinstance(host, HostErrorPowerSGDState) and host.use_error_feedback
     assert hook_for("fp32-host") is host_error_powerSGD_hook
+    assert "host_error" in host.__getstate__()  # a saved state keeps the error
     device = make_powersgd_state(None, 32, 8, True, "device", 2.0, 7)
     assert type(device) is PowerSGDState and device.use_error_feedback
     assert hook_for("device") is powerSGD_hook_cpu_safe
