@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,7 +36,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """A real tracking server over HTTP; yields its URI."""
+    """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     log = open(root / "server.log", "w")
@@ -59,7 +60,7 @@ def mlflow_server(tmp_path_factory):
     os.environ["MLFLOW_TRACKING_URI"] = uri
     import mlflow
     mlflow.set_tracking_uri(uri)
-    yield uri
+    yield SimpleNamespace(uri=uri, artifacts=root / "artifacts")
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
@@ -119,3 +120,11 @@ def trained_study(prepared_study):
     for arm in ("single", "dense", "powersgd"):
         run_entry("train", "--study", prepared_study, "--arm", arm)
     return prepared_study
+
+
+@pytest.fixture(scope="session")
+def failing_study(mlflow_server):
+    """A second small study on CPU, for the failure paths (its runs do not disturb the others)."""
+    study = "failing-study"
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
+    return study

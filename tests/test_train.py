@@ -1,0 +1,168 @@
+"""`train`: three arms that differ only in how the gradient is communicated."""
+import json
+
+import pytest
+import torch
+
+from gradshare import tracking as T
+from gradshare.plan import load_plan
+from tests.conftest import SMALL, overrides, run_entry
+
+ARMS = ("single", "dense", "powersgd")
+
+
+def _finished(study, arm):
+    [run] = T.search(study, "train", arm, status="FINISHED")
+    return run
+
+
+def _weights(run, tmp_path):
+    from safetensors.torch import load_file
+    ckpt = T.download(run.info.run_id, "checkpoint", tmp_path / run.info.run_id)
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def test_three_arms_see_the_same_documents_in_the_same_order(trained_study, tmp_path):
+    prep = T.prepare_run(trained_study)
+    sched = json.loads(T.download(prep.info.run_id, "inputs/schedule.json", tmp_path).read_text())
+    for arm in ARMS:
+        run = _finished(trained_study, arm)
+        seen = T.download(run.info.run_id, "schedule/update_sha256.txt", tmp_path / arm).read_text().split()
+        assert seen == sched["update_sha256"], arm
+    assert len({_finished(trained_study, a).data.tags["gradshare.schedule_sha256"] for a in ARMS}) == 1
+
+
+def test_single_and_dense_give_the_same_weights_within_float32_tolerance(trained_study, tmp_path):
+    single = _weights(_finished(trained_study, "single"), tmp_path)
+    dense = _weights(_finished(trained_study, "dense"), tmp_path)
+    seed = _weights_of_seed(trained_study, tmp_path)
+    assert single.keys() == dense.keys()
+    for k in single:
+        torch.testing.assert_close(dense[k], single[k], rtol=1e-4, atol=2e-5, msg=k)
+    # and training really moved them: the agreement is not that of two untouched copies
+    assert max((single[k] - seed[k]).abs().max().item() for k in single) > 1e-3
+
+
+def _weights_of_seed(study, tmp_path):
+    from safetensors.torch import load_file
+    prep = T.prepare_run(study)
+    d = T.download(prep.info.run_id, "inputs/seed_model", tmp_path / "seed")
+    return load_file(str(d / "model.safetensors"))
+
+
+def test_powersgd_differs_from_dense_only_after_the_warm_up(trained_study):
+    c = T.client()
+    loss = {a: [m.value for m in sorted(c.get_metric_history(_finished(trained_study, a).info.run_id,
+                                                              "train/loss"), key=lambda m: m.step)]
+            for a in ("dense", "powersgd")}
+    warm = load_plan("tiny", SMALL).powersgd.warmup_updates
+    # Updates 1..warm are plain all-reduce, and the loss of update warm+1 is computed before
+    # the first compressed exchange changes any weight.
+    assert loss["powersgd"][:warm + 1] == pytest.approx(loss["dense"][:warm + 1], rel=1e-5)
+    assert loss["powersgd"][warm + 1:] != pytest.approx(loss["dense"][warm + 1:], rel=1e-7)
+
+
+def _expected_compressed_bytes(weights, rank, rate=2.0):
+    """Hand count of PowerSGD's payload: P and Q for matrices worth compressing, the rest whole."""
+    total = 0
+    for t in weights.values():
+        if t.ndim <= 1:
+            total += t.numel() * 4
+            continue
+        rows = t.shape[0]
+        cols = t.numel() // rows
+        r = min(rank, rows, cols)
+        total += ((rows + cols) * r if (rows + cols) * r * rate < rows * cols else rows * cols) * 4
+    return total
+
+
+def test_powersgd_logical_bytes_after_warm_up_are_below_dense_by_the_expected_ratio(trained_study, tmp_path):
+    c = T.client()
+    plan = load_plan("tiny", SMALL)
+    hist = {a: {m.step: m.value for m in c.get_metric_history(_finished(trained_study, a).info.run_id,
+                                                                 "comm/logical_bytes")}
+            for a in ("dense", "powersgd")}
+    weights = _weights(_finished(trained_study, "dense"), tmp_path)
+    weights.pop("lm_head.weight", None)  # tied to the embedding: one parameter, one gradient
+    dense_bytes = sum(t.numel() * 4 for t in weights.values())
+    expected = _expected_compressed_bytes(weights, plan.powersgd.rank)
+    w = plan.powersgd.warmup_updates
+    assert hist["dense"] == {u: dense_bytes for u in range(1, 9)}
+    assert all(hist["powersgd"][u] == dense_bytes for u in range(1, w + 1))
+    assert all(hist["powersgd"][u] == expected for u in range(w + 1, 9))
+    assert dense_bytes / expected > 2.0
+
+
+def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):
+    c = T.client()
+    per_step = ["train/loss", "train/grad_norm", "perf/step_s", "perf/tokens_per_s", "perf/gpu_s",
+                "comm/logical_bytes", "comm/wire_tx_bytes", "comm/wire_rx_bytes"]
+    summary = ["perf/active_s", "perf/active_tokens_per_s", "perf/gpu_s_total", "ckpt/save_s",
+               "ckpt/bytes", "comm/logical_bytes_total", "comm/logical_bytes_post_warmup"]
+    for arm in ARMS:
+        run = _finished(trained_study, arm)
+        for key in per_step:
+            assert sorted(m.step for m in c.get_metric_history(run.info.run_id, key)) == list(range(1, 9)), (arm, key)
+        for key in summary:
+            assert key in run.data.metrics, (arm, key)
+        assert run.data.metrics["perf/gpu_s_total"] >= run.data.metrics["perf/active_s"]
+        assert len(run.data.tags[T.CKPT_SHA]) == 64
+        assert run.data.tags[T.ARM] == arm and run.data.tags[T.STEP] == "train"
+        assert any(k.startswith("system/") for k in run.data.metrics), arm  # MLflow system metrics
+
+
+def test_the_checkpoint_hash_tag_is_the_hash_of_the_logged_checkpoint(trained_study, tmp_path):
+    from gradshare.hashing import file_entries, tree_sha256
+    run = _finished(trained_study, "powersgd")
+    ckpt = T.download(run.info.run_id, "checkpoint", tmp_path)
+    assert tree_sha256(file_entries(ckpt)) == run.data.tags[T.CKPT_SHA]
+    assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists()
+    assert (ckpt / "tokenizer.json").exists()
+
+
+def test_a_nan_loss_ends_the_run_failed_with_a_reason(failing_study):
+    proc = run_entry("train", "--study", failing_study, "--arm", "dense",
+                     env={"GRADSHARE_INJECT_NAN_AT": "3"}, check=False)
+    assert proc.returncode != 0
+    [run] = T.search(failing_study, "train", "dense")
+    assert run.info.status == "FAILED"
+    assert "diverged" in run.data.tags[T.FAILURE] and "update 3" in run.data.tags[T.FAILURE]
+
+
+def test_an_arm_that_would_overlap_a_running_arm_is_refused(failing_study):
+    import mlflow
+    c = T.client()
+    exp = mlflow.get_experiment_by_name(failing_study)
+    other = c.create_run(exp.experiment_id, tags={T.STUDY: failing_study, T.STEP: "train", T.ARM: "single"})
+    try:
+        proc = run_entry("train", "--study", failing_study, "--arm", "powersgd", check=False)
+    finally:
+        c.set_terminated(other.info.run_id, "KILLED")
+    assert proc.returncode != 0
+    [run] = T.search(failing_study, "train", "powersgd")
+    assert run.info.status == "FAILED" and "never overlapping" in run.data.tags[T.FAILURE]
+
+
+def test_an_arm_with_too_few_devices_ends_failed_with_a_reason(mlflow_server):
+    study = "gpu-study-on-cpu"
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1", "hardware.device": "cuda"}))
+    proc = run_entry("train", "--study", study, "--arm", "dense", check=False)
+    assert proc.returncode != 0
+    [run] = T.search(study, "train", "dense")
+    assert run.info.status == "FAILED"
+    assert "needs 2 CUDA device(s)" in run.data.tags[T.FAILURE] and "found 0" in run.data.tags[T.FAILURE]
+
+
+def test_train_refuses_inputs_that_differ_from_the_manifest(mlflow_server, failing_study):
+    # Tamper with one registered byte in the server's artifact store, then train.
+    prep = T.prepare_run(failing_study)
+    [path] = list(mlflow_server.artifacts.rglob(f"{prep.info.run_id}/artifacts/inputs/data/replay.jsonl"))
+    original = path.read_bytes()
+    path.write_bytes(original[:-2] + b" \n")
+    try:
+        proc = run_entry("train", "--study", failing_study, "--arm", "single", check=False)
+    finally:
+        path.write_bytes(original)
+    assert proc.returncode != 0
+    [run] = T.search(failing_study, "train", "single", status="FAILED")
+    assert "data/replay.jsonl" in run.data.tags[T.FAILURE] and "manifest" in run.data.tags[T.FAILURE]
