@@ -128,3 +128,17 @@ def failing_study(mlflow_server):
     study = "failing-study"
     run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
     return study
+
+
+@pytest.fixture(scope="session")
+def partial_study(mlflow_server):
+    """single trained, dense diverged (NaN), powersgd never started; then committed."""
+    import json
+    from gradshare import tracking as T
+    study = "partial-study"
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "2"}))
+    run_entry("train", "--study", study, "--arm", "single")
+    run_entry("train", "--study", study, "--arm", "dense", env={"GRADSHARE_INJECT_NAN_AT": "2"}, check=False)
+    run_entry("commit", "--study", study)
+    [run] = T.search(study, "commit", status="FINISHED")
+    return study, json.loads(T.download(run.info.run_id, "commitment.json").read_text())

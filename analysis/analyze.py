@@ -1,0 +1,53 @@
+"""The analyze step: collect the study through the tracking API, decide, report, log.
+
+Artifacts of the analyze run: `verdicts.json`, `report.md`, `report.html` and the
+plots. The verdict table is printed to the terminal. Analysis is a pure function of
+the store: running it twice gives the same `verdicts.json`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from analysis.collect import collect
+from analysis.report import markdown, plots, to_html, verdict_table
+from analysis.verdicts import compute
+
+
+def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
+    rec = collect(study)
+    v = compute(rec)
+    out = out or Path(tempfile.mkdtemp(prefix="gradshare-report-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verdicts.json").write_text(json.dumps(v, indent=1, sort_keys=True, default=float) + "\n")
+    plot_paths = plots(rec, v, out)
+    md = markdown(rec, v, plot_paths)
+    (out / "report.md").write_text(md)
+    (out / "report.html").write_text(to_html(md, plot_paths, f"gradshare — {study}"))
+    return v, out
+
+
+def log_analysis(v: dict, out: Path) -> None:
+    import mlflow
+
+    from gradshare import tracking as T
+
+    mlflow.set_tag(T.PLAN_SHA, v["plan_sha256"])
+    mlflow.log_artifacts(str(out))
+    for name, screen in (("quality_screen", v["quality_screen"]), ("speed_screen", v["speed_screen"])):
+        mlflow.set_tag(f"gradshare.{name}", {True: "pass", False: "fail", None: "null"}[screen["pass"]])
+    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+        if v[k]["mean"] is not None:
+            mlflow.log_metrics({f"paired/{k}/mean": v[k]["mean"], f"paired/{k}/lo": v[k]["lo"]})
+
+
+def run(study: str) -> dict:
+    v, out = analyze(study)
+    try:
+        log_analysis(v, out)
+        print(verdict_table(v))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return v

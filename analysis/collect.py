@@ -1,0 +1,91 @@
+"""Read a study from the MLflow tracking API: never from local paths.
+
+Everything comes through `search_runs` filtered on the study's tags and artifacts
+downloaded through the client: the plan (prepare run), each arm's train run
+(status, reason, summary metrics and per-step histories), the commitment, and each
+model's per-case scores.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradshare import tracking as T
+from gradshare.hashing import read_jsonl
+
+STEP_METRICS = ("train/loss", "perf/tokens_per_s", "comm/logical_bytes", "comm/wire_tx_bytes",
+                "comm/wire_rx_bytes", "comm/loopback_bytes")
+
+
+@dataclass
+class ArmRecord:
+    arm: str
+    status: str  # FINISHED, FAILED, or UNAVAILABLE (not committed/never run)
+    run_id: str | None = None
+    failure_reason: str | None = None
+    metrics: dict = field(default_factory=dict)
+    histories: dict = field(default_factory=dict)  # metric -> [(step, value)]
+    hosts: list = field(default_factory=list)
+
+
+@dataclass
+class StudyRecord:
+    study: str
+    plan: object
+    prepare_run_id: str
+    commitment: dict | None
+    arms: dict[str, ArmRecord]
+    scores: dict[str, dict]  # model -> {"run_id", "test": [...], "retention": [...], "metrics": {...}}
+
+
+def collect(study: str) -> StudyRecord:
+    from gradshare.commit import load_commitment
+    from gradshare.train.driver import load_prepared_plan
+
+    prep, plan = load_prepared_plan(study)
+    try:
+        _, commitment = load_commitment(study)
+    except T.StudyError:
+        commitment = None
+    c = T.client()
+    tmp = Path(tempfile.mkdtemp(prefix="gradshare-analysis-"))
+    arms = {}
+    committed = {e["arm"]: e for e in (commitment or {}).get("arms", [])}
+    for arm in plan.arms.names:
+        entry = committed.get(arm)
+        if entry is None:
+            arms[arm] = _arm_without_commitment(study, arm)
+            continue
+        run = c.get_run(entry["run_id"])
+        rec = ArmRecord(arm, entry["status"], entry["run_id"], entry.get("failure_reason"),
+                        dict(run.data.metrics))
+        if entry["status"] == "FINISHED":
+            rec.histories = {k: sorted((m.step, m.value) for m in c.get_metric_history(entry["run_id"], k))
+                             for k in STEP_METRICS}
+            summary = json.loads(T.download(entry["run_id"], "train_summary.json", tmp / arm).read_text())
+            rec.hosts = summary["hosts"]
+        arms[arm] = rec
+    scores = {}
+    if commitment:
+        for run in T.search(study, "score", status="FINISHED"):
+            model = run.data.tags.get(T.ARM)
+            if model is None or model in scores:
+                continue
+            d = tmp / f"score-{model}"
+            scores[model] = {
+                "run_id": run.info.run_id, "metrics": dict(run.data.metrics),
+                "test": read_jsonl(T.download(run.info.run_id, "per_case/test.jsonl", d)),
+                "retention": read_jsonl(T.download(run.info.run_id, "per_case/retention.jsonl", d))}
+    return StudyRecord(study, plan, prep.info.run_id, commitment, arms, scores)
+
+
+def _arm_without_commitment(study: str, arm: str) -> ArmRecord:
+    runs = T.search(study, "train", arm)
+    if not runs:
+        return ArmRecord(arm, "UNAVAILABLE", failure_reason="never trained, and the study is not committed")
+    last = runs[-1]
+    return ArmRecord(arm, "UNAVAILABLE" if last.info.status != "FAILED" else "FAILED", last.info.run_id,
+                     last.data.tags.get(T.FAILURE) or "the study is not committed: no verdict is possible",
+                     dict(last.data.metrics))

@@ -1,0 +1,229 @@
+"""The report: the verdict table for the terminal, `report.md`, a self-contained
+`report.html` (plots embedded), and the plots as PNG files.
+
+Plots: per-family accuracy with normal intervals, the three arms' loss curves,
+per-step throughput, and cumulative wire bytes (logical and measured).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+from analysis.collect import StudyRecord
+
+MODELS = ("seed", "single", "dense", "powersgd")
+
+
+def _fmt(x, spec=".3f", none="—"):
+    return none if x is None else format(x, spec)
+
+
+def _pp(x):
+    return "—" if x is None else f"{100 * x:+.2f}"
+
+
+def verdict_table(v: dict) -> str:
+    """Plain-text verdict table for the terminal."""
+    lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}", ""]
+    lines.append(f"{'model':<10}{'status':<12}{'overall acc':>12}{'retention NLL':>15}  reason")
+    for m in MODELS:
+        a = v["arms"].get(m, {})
+        acc = (a.get("accuracy") or {}).get("overall")
+        lines.append(f"{m:<10}{a.get('status', '?'):<12}{_fmt(acc):>12}{_fmt(a.get('retention_nll'), '.4f'):>15}"
+                     f"  {a.get('failure_reason') or ''}")
+    lines += ["", f"{'paired change (pp)':<20}{'mean':>8}{'se':>8}{'lo':>8}{'hi':>8}{'McNemar p':>11}"]
+    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+        p = v[k]
+        if p["mean"] is None:
+            lines.append(f"{k:<20}{'—':>8}  {p['reason']}")
+        else:
+            lines.append(f"{k:<20}{_pp(p['mean']):>8}{100 * p['se']:>8.2f}{_pp(p['lo']):>8}{_pp(p['hi']):>8}"
+                         f"{p['mcnemar']['p']:>11.4f}")
+    q, s = v["quality_screen"], v["speed_screen"]
+    lines += ["", f"quality screen: {_word(q['pass'])}" + (f"  ({q['reason']})" if q["pass"] is None else "")]
+    for name, c in (q.get("checks") or {}).items():
+        lines.append(f"  {name:<24} {_word(c['pass']):<5} " + ", ".join(
+            f"{k}={v_:.4g}" for k, v_ in c.items() if k != "pass"))
+    lines.append(f"speed screen:   {_word(s['pass'])}" + (
+        f"  ratio {s['ratio']:.3f} (threshold {s['threshold']})" if s["pass"] is not None else f"  ({s['reason']})"))
+    lines.append(f"cost: {s['cost_words']}")
+    b = v["budget"]
+    lines.append(f"budget: ${b['usd']:.4f} of ${b['budget_usd']:.0f}; {b['hours']:.3f} h of {b['deadline_hours']:.0f} h "
+                 f"(price ${b['price']['usd_per_host_hour']}/host-hour, {b['price']['date']})")
+    return "\n".join(lines)
+
+
+def _word(p):
+    return {True: "PASS", False: "FAIL", None: "null"}[p]
+
+
+def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    z = v["z"]
+    paths = []
+    fams = list(rec.plan.data.families) + ["overall"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.2
+    for i, m in enumerate(MODELS):
+        if m not in rec.scores:
+            continue
+        acc = v["arms"][m]["accuracy"]
+        n = {f: sum(1 for r in rec.scores[m]["test"] if r["family"] == f) for f in fams[:-1]}
+        n["overall"] = len(rec.scores[m]["test"])
+        ys = [acc[f] for f in fams]
+        err = [z * math.sqrt(max(y * (1 - y), 0) / n[f]) for y, f in zip(ys, fams)]
+        ax.bar([j + (i - 1.5) * width for j in range(len(fams))], ys, width, yerr=err, capsize=2, label=m)
+    ax.set_xticks(range(len(fams)), [f.replace("_", "\n") for f in fams], fontsize=8)
+    ax.set_ylabel(f"accuracy (± {z}·se)")
+    ax.set_title("Final-test accuracy by family")
+    ax.legend(fontsize=8)
+    paths.append(_save(fig, out / "accuracy_by_family.png"))
+
+    for key, title, fname, cumulative in (
+            ("train/loss", "Training loss (globally normalised)", "loss_curves.png", False),
+            ("perf/tokens_per_s", "Throughput per update (tokens/s)", "throughput.png", False),
+            ("comm/logical_bytes", "Cumulative logical bytes (per rank)", "cumulative_logical_bytes.png", True),
+            ("comm/wire_tx_bytes", "Cumulative wire bytes sent (non-loopback, all hosts)",
+             "cumulative_wire_bytes.png", True)):
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        for arm, a in rec.arms.items():
+            h = a.histories.get(key) or []
+            if not h:
+                continue
+            xs, ys = zip(*h)
+            if cumulative:
+                acc, ys = 0.0, list(ys)
+                for i, y in enumerate(ys):
+                    acc += y
+                    ys[i] = acc
+            ax.plot(xs, ys, label=arm)
+        if key == "comm/wire_tx_bytes":  # loopback beside it: two ranks on one host talk over lo
+            for arm, a in rec.arms.items():
+                h = a.histories.get("comm/loopback_bytes") or []
+                if h and arm != "single":
+                    xs, ys = zip(*h)
+                    cum, tot = [], 0.0
+                    for y in ys:
+                        tot += y
+                        cum.append(tot)
+                    ax.plot(xs, cum, linestyle="--", label=f"{arm} (loopback)")
+        ax.set_xlabel("update")
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out / fname))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
+    fams = list(rec.plan.data.families)
+    md = [f"# gradshare report — study `{v['study']}`", "",
+          f"plan_sha256 `{v['plan_sha256']}`, z = {v['z']}, candidate `{v['candidate']}`, "
+          f"controls {', '.join(v['controls'])}, seed model: `{v['seed_model']}`", ""]
+    if v["seed_model"].startswith("random-"):
+        md += ["> **Randomly initialised seed model: throughput work only. No quality verdict applies.**", ""]
+    md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
+           "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) | reason |",
+           "|" + "---|" * (len(fams) + 5)]
+    for m in MODELS:
+        a = v["arms"].get(m, {})
+        acc = a.get("accuracy") or {}
+        md.append(f"| {m} | {a.get('status')} | " + " | ".join(_fmt(acc.get(f)) for f in fams) +
+                  f" | {_fmt(acc.get('overall'))} | {_fmt(a.get('retention_nll'), '.4f')} | "
+                  f"{a.get('failure_reason') or ''} |")
+    md += ["", "## Paired changes (percentage points, same test cases)", "",
+           "| comparison | mean | se | lo | hi | n | McNemar exact p | note |", "|---|---|---|---|---|---|---|---|"]
+    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+        p = v[k]
+        if p["mean"] is None:
+            md.append(f"| {k} | — | — | — | — | 0 | — | {p['reason']} |")
+        else:
+            md.append(f"| {k} | {_pp(p['mean'])} | {100 * p['se']:.2f} | {_pp(p['lo'])} | {_pp(p['hi'])} | "
+                      f"{p['n']} | {p['mcnemar']['p']:.4f} | |")
+    md += ["", "## Retention change against the seed (nats per target token)", "",
+           "| arm | mean | se | upper (mean + z·se) | n | note |", "|---|---|---|---|---|---|"]
+    for arm, r in v["retention_change"].items():
+        md.append(f"| {arm} | {_fmt(r['mean'], '+.4f')} | {_fmt(r['se'], '.4f')} | {_fmt(r['upper'], '+.4f')} | "
+                  f"{r['n']} | {r.get('reason', '')} |")
+    md += ["", "## Cost", "",
+           "| arm | GPU-s active | GPU-s total | host-hours | $ | logical bytes | post-warm-up logical | "
+           "wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | checkpoint s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, c in v["cost"].items():
+        if not c:
+            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | ({v['arms'][arm]['failure_reason']})")
+            continue
+        tx = sum(h["wire_tx_bytes"] for h in c["wire_per_host"])
+        md.append(f"| {arm} | {c['gpu_s_active']:.1f} | {c['gpu_s_total']:.1f} | {c['host_hours']:.4f} | "
+                  f"{c['usd']:.4f} | {c['logical_bytes']:.3e} | {c['logical_bytes_post_warmup']:.3e} | {tx:.3e} | "
+                  f"{c['cross_zone_usd']:.6f} | {c['cross_zone_usd_projected_from_logical']:.6f} | "
+                  f"{c['checkpoint_s']:.2f} |")
+    md += ["", f"**Cost in words:** {v['speed_screen']['cost_words']}.", "",
+           "Wire bytes are the hosts' own interface counters (non-loopback), so they include protocol "
+           "overhead and logging; logical bytes are the compressed tensors only, warm-up included "
+           "(post-warm-up column excludes it, as upstream figures do). Where both ranks ran on one physical "
+           "host, their traffic went over loopback and no cross-zone traffic was measured; the projected "
+           "column prices the logical volume as if the two planned hosts were in different zones.", "",
+           "## Plots", ""]
+    md += [f"![{p.stem}]({p.name})" for p in plot_paths]
+    return "\n".join(md) + "\n"
+
+
+def to_html(md_text: str, plot_paths: list[Path], title: str) -> str:
+    """A self-contained HTML page: the markdown's tables and text, plots inlined as base64."""
+    body, in_code, in_table = [], False, False
+    for line in md_text.splitlines():
+        if line.startswith("```"):
+            body.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            body.append(html.escape(line))
+            continue
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if set("".join(cells)) <= set("-"):
+                continue
+            if not in_table:
+                body.append("<table>")
+                in_table = True
+                body.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cells) + "</tr>")
+            else:
+                body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            body.append("</table>")
+            in_table = False
+        if line.startswith("!["):
+            name = line[line.index("(") + 1:-1]
+            path = next(p for p in plot_paths if p.name == name)
+            data = base64.b64encode(path.read_bytes()).decode()
+            body.append(f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">')
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
+        elif line.strip():
+            text = html.escape(line).replace("**", "")
+            body.append(f"<p>{text}</p>")
+    if in_table:
+        body.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;}table{border-collapse:collapse;"
+             "margin:1em 0;}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;}pre{background:#f6f6f6;"
+             "padding:1em;font-size:12px;}img{max-width:100%;display:block;margin:1em 0;}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>" + "\n".join(body) + "</body></html>\n")

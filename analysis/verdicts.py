@@ -1,0 +1,106 @@
+"""The verdicts: accuracy, paired changes, retention, the two screens and the cost.
+
+Every comparison pairs per-case results on case ids (`analysis.stats`). A screen
+whose inputs are missing (an arm failed or was unavailable) is `pass: null` with the
+reason, never true or false. Accuracy changes are fractions in the statistics and
+percentage points (pp) in the screens, which the plan declares in pp.
+"""
+from __future__ import annotations
+
+from analysis.collect import StudyRecord
+from analysis.stats import accuracy_by_family, mcnemar_exact_p, paired_change, retention_change
+from gradshare.cost import arm_cost, cost_words, study_budget
+
+PAIRS = (("powersgd", "seed"), ("powersgd", "single"), ("powersgd", "dense"),
+         ("single", "seed"), ("dense", "seed"))
+
+
+def compute(rec: StudyRecord) -> dict:
+    plan, z = rec.plan, rec.plan.screen.z
+    cand = plan.arms.candidate
+    correct = {m: {r["case_id"]: r["correct"] for r in s["test"]} for m, s in rec.scores.items()}
+    nll = {m: {r["probe_id"]: r["nll_nats"] for r in s["retention"]} for m, s in rec.scores.items()}
+
+    arms = {"seed": {"status": "FINISHED" if "seed" in rec.scores else "UNAVAILABLE",
+                     "failure_reason": None if "seed" in rec.scores else "not scored: the study is not scored"}}
+    for name, a in rec.arms.items():
+        arms[name] = {"status": a.status, "failure_reason": a.failure_reason, "run_id": a.run_id}
+    for name, entry in arms.items():
+        s = rec.scores.get(name)
+        entry["accuracy"] = accuracy_by_family(s["test"]) if s else None
+        entry["retention_nll"] = (sum(nll[name].values()) / len(nll[name])) if s else None
+        if name != "seed" and entry["status"] == "FINISHED" and not s:
+            entry["failure_reason"] = "finished training but has no score run"
+
+    paired = {}
+    for a, b in PAIRS:
+        key = f"{a}-{b}"
+        if a in correct and b in correct:
+            paired[key] = paired_change(correct[a], correct[b], z) | {
+                "mcnemar": mcnemar_exact_p(correct[a], correct[b]), "unit": "fraction"}
+        else:
+            paired[key] = {"mean": None, "se": None, "lo": None, "hi": None, "n": 0,
+                           "reason": _missing(rec, a, b)}
+    retention = {}
+    for arm in plan.arms.names:
+        if arm in nll and "seed" in nll:
+            retention[arm] = retention_change(nll[arm], nll["seed"], z)
+        else:
+            retention[arm] = {"mean": None, "se": None, "upper": None, "n": 0,
+                              "reason": _missing(rec, arm, "seed")}
+
+    costs = {arm: (arm_cost(plan, arm, a.metrics, a.hosts) if a.status == "FINISHED" else None)
+             for arm, a in rec.arms.items()}
+    return {
+        "study": rec.study, "plan_sha256": plan.sha256(), "z": z, "candidate": cand,
+        "controls": list(plan.arms.controls), "arms": arms, **paired,
+        "retention_change": retention,
+        "quality_screen": quality_screen(plan, rec, paired, retention),
+        "speed_screen": speed_screen(plan, rec, costs),
+        "cost": costs, "budget": study_budget(plan, costs),
+        "seed_model": rec.plan.model.source,
+    }
+
+
+def _missing(rec: StudyRecord, *models: str) -> str:
+    reasons = []
+    for m in models:
+        if m in rec.scores:
+            continue
+        a = rec.arms.get(m)
+        why = a.failure_reason if a and a.failure_reason else "not scored"
+        reasons.append(f"{m}: {why}")
+    return "; ".join(reasons) or "missing"
+
+
+def quality_screen(plan, rec, paired, retention) -> dict:
+    s, cand = plan.screen, plan.arms.candidate
+    need = [f"{cand}-seed"] + [f"{cand}-{c}" for c in plan.arms.controls]
+    missing = [k for k in need if paired[k]["mean"] is None]
+    if missing or retention[cand]["upper"] is None:
+        return {"pass": None, "reason": "; ".join(sorted({paired[k]["reason"] for k in missing}
+                                                         | ({retention[cand]["reason"]} if retention[cand]["upper"] is None else set())))}
+    gain_pp = 100 * paired[f"{cand}-seed"]["mean"]
+    lows = {c: 100 * paired[f"{cand}-{c}"]["lo"] for c in plan.arms.controls}
+    checks = {
+        "task_gain": {"value_pp": gain_pp, "threshold_pp": s.task_gain_pp, "pass": gain_pp >= s.task_gain_pp},
+        "retention": {"upper_nats": retention[cand]["upper"], "threshold_nats": s.retention_upper_nats,
+                      "pass": retention[cand]["upper"] <= s.retention_upper_nats},
+        **{f"noninferior_to_{c}": {"lower_pp": lo, "threshold_pp": s.noninferiority_pp,
+                                   "pass": lo >= s.noninferiority_pp} for c, lo in lows.items()},
+    }
+    return {"pass": all(c["pass"] for c in checks.values()), "checks": checks}
+
+
+def speed_screen(plan, rec, costs) -> dict:
+    cand, s = plan.arms.candidate, plan.screen
+    a, b = rec.arms.get(cand), rec.arms.get("single")
+    if not a or not b or a.status != "FINISHED" or b.status != "FINISHED":
+        missing = [x for x in (a, b) if x and x.status != "FINISHED"]
+        return {"pass": None, "reason": "; ".join(f"{x.arm}: {x.failure_reason}" for x in missing) or "missing",
+                "cost_words": cost_words(None, None, None)}
+    tps_c, tps_s = a.metrics["perf/active_tokens_per_s"], b.metrics["perf/active_tokens_per_s"]
+    ratio = tps_c / tps_s
+    return {"pass": ratio >= s.speed_ratio, "candidate_active_tokens_per_s": tps_c,
+            "single_active_tokens_per_s": tps_s, "ratio": ratio, "threshold": s.speed_ratio,
+            "cost_words": cost_words(costs[cand], costs["single"], ratio)}

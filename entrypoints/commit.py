@@ -1,0 +1,33 @@
+"""Entry point `commit`: seal every arm's final model before any test scoring.
+
+    mlflow run . -e commit --env-manager local --experiment-name gradshare-tiny -P study=gradshare-tiny
+
+Writes `commitment.json` (arm, run id, status, checkpoint SHA-256 or failure reason,
+time) and tags the study committed. Committing twice refuses.
+"""
+from __future__ import annotations
+
+import argparse
+
+from entrypoints.common import parse
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    args, overrides = parse(ap, argv)
+    if overrides:
+        ap.error("commit takes no plan overrides")
+
+    from gradshare import tracking as T
+    from gradshare.commit import commit_study
+
+    with T.study_run(args.study, "commit", run_name="commit") as run:
+        c = commit_study(args.study, run.info.run_id)
+        for e in c["arms"]:
+            what = e.get("checkpoint_sha256", "")[:16] + "…" if e["status"] == "FINISHED" else e["failure_reason"]
+            print(f"[gradshare] committed {e['arm']:<9} {e['status']:<9} {what}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Entry point `score`: the seed model and every committed arm, case by case.
+
+    mlflow run . -e score --env-manager local --experiment-name gradshare-tiny -P study=gradshare-tiny
+
+Refuses unless the study is committed and every committed checkpoint still hashes
+to its commitment. Logs one nested score run per model with per_case/test.jsonl
+and per_case/retention.jsonl.
+"""
+from __future__ import annotations
+
+import argparse
+
+from entrypoints.common import parse
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    args, overrides = parse(ap, argv)
+    if overrides:
+        ap.error("score takes its plan from the prepare run; it takes no overrides")
+
+    from gradshare import tracking as T
+    from gradshare.score_step import score_study
+
+    with T.study_run(args.study, "score", run_name="score") as run:
+        score_study(args.study, run)
+
+
+if __name__ == "__main__":
+    main()

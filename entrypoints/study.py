@@ -1,0 +1,41 @@
+"""Entry point `study`: the whole pre-registered study, end to end.
+
+    mlflow run . -e study --env-manager local --experiment-name gradshare-tiny -P study=gradshare-tiny
+    python -m entrypoints.study --study gradshare-tiny --new-study true   # archive an earlier one
+
+Runs prepare, the arms single, dense and powersgd in sequence (never overlapping),
+commit, score and analyze; prints the verdicts and the command that opens the
+MLflow UI on the study.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from entrypoints.common import parse, truthy
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--new-study", "--new_study", default="false")
+    args, overrides = parse(ap, argv)
+
+    from gradshare import tracking as T
+    from gradshare.study import run_study, ui_hint
+
+    T.setup(args.study)
+    import os
+    if os.environ.get("MLFLOW_RUN_ID"):  # the run `mlflow run -e study` made: label it
+        T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STUDY, args.study)
+        T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STEP, "study")
+    t0 = time.perf_counter()
+    timings = run_study(args.study, args.profile, truthy(args.new_study), overrides)
+    print("\n[gradshare] step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+    print(f"[gradshare] study {args.study!r} done in {time.perf_counter() - t0:.0f}s")
+    print(f"[gradshare] MLflow UI: {ui_hint(args.study)}")
+
+
+if __name__ == "__main__":
+    main()

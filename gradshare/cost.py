@@ -1,0 +1,78 @@
+"""Cost of an arm: GPU-seconds, host-hours and dollars at the plan's price, wire bytes
+per host, cross-zone dollars, checkpoint seconds; and the study's budget and deadline.
+
+Prices and bounds come from the plan (`InfraPlan`), never from here. Cross-zone
+transfer is billed in each direction: bytes a host sends to, and receives from, a
+host in another zone each cost `cross_zone_usd_per_gb`.
+"""
+from __future__ import annotations
+
+GB = 1e9
+
+
+def hosts_for(plan, arm: str) -> int:
+    """Planned hosts of an arm: one GPU per host (g6e.2xlarge carries one L40S)."""
+    return plan.arms.processes(arm)
+
+
+def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
+    """Cost figures of one FINISHED arm from its train run's summary metrics."""
+    infra = plan.infra
+    n_hosts = hosts_for(plan, arm)
+    wall = metrics.get("perf/wall_s", 0.0)
+    host_hours = wall * n_hosts / 3600
+    per_host = []
+    for j, name in enumerate(measured_hosts):
+        per_host.append({"host": name, "wire_tx_bytes": metrics.get(f"comm/host{j}/wire_tx_bytes_total", 0.0),
+                         "wire_rx_bytes": metrics.get(f"comm/host{j}/wire_rx_bytes_total", 0.0),
+                         "loopback_bytes": metrics.get(f"comm/host{j}/loopback_bytes_total", 0.0)})
+    zones = set(infra.zones[:n_hosts])
+    # Only traffic between distinct physical hosts in distinct zones crosses a zone.
+    crosses = len(measured_hosts) > 1 and len(zones) > 1
+    cross_bytes = sum(h["wire_tx_bytes"] + h["wire_rx_bytes"] for h in per_host) if crosses else 0.0
+    logical = metrics.get("comm/logical_bytes_total", 0.0)
+    # Two ranks, ring all-reduce: each host sends and receives about the logical volume.
+    projected = 4 * logical if n_hosts > 1 and len(zones) > 1 else 0.0
+    return {
+        "gpu_s_active": metrics.get("perf/gpu_s_active", 0.0),
+        "gpu_s_total": metrics.get("perf/gpu_s_total", 0.0),
+        "wall_s": wall,
+        "hosts": n_hosts,
+        "host_hours": host_hours,
+        "usd": host_hours * infra.usd_per_host_hour,
+        "wire_per_host": per_host,
+        "physical_hosts_measured": len(measured_hosts),
+        "cross_zone_bytes": cross_bytes,
+        "cross_zone_usd": cross_bytes / GB * infra.cross_zone_usd_per_gb,
+        "cross_zone_usd_projected_from_logical": projected / GB * infra.cross_zone_usd_per_gb,
+        "logical_bytes": logical,
+        "logical_bytes_post_warmup": metrics.get("comm/logical_bytes_post_warmup", 0.0),
+        "checkpoint_s": metrics.get("ckpt/save_s", 0.0),
+        "checkpoint_bytes": metrics.get("ckpt/bytes", 0.0),
+    }
+
+
+def study_budget(plan, costs: dict[str, dict]) -> dict:
+    usd = sum(c["usd"] + c["cross_zone_usd"] for c in costs.values() if c)
+    hours = sum(c["wall_s"] for c in costs.values() if c) / 3600
+    return {"usd": usd, "budget_usd": plan.infra.budget_usd, "within_budget": usd <= plan.infra.budget_usd,
+            "hours": hours, "deadline_hours": plan.infra.deadline_hours,
+            "within_deadline": hours <= plan.infra.deadline_hours,
+            "price": {"usd_per_host_hour": plan.infra.usd_per_host_hour, "date": plan.infra.price_date,
+                      "instance_type": plan.infra.instance_type}}
+
+
+def cost_words(candidate: dict | None, single: dict | None, speed_ratio: float | None) -> str:
+    """Whether the candidate reduced cost or only time, in words."""
+    if not candidate or not single or speed_ratio is None:
+        return "not decided: an arm it needs is missing"
+    faster = speed_ratio > 1
+    cheaper = candidate["gpu_s_active"] < single["gpu_s_active"]
+    if faster and cheaper:
+        return "the candidate reduced cost: faster, and with fewer active GPU-seconds than single"
+    if faster:
+        return (f"the candidate reduced time only: {speed_ratio:.2f}x single's throughput but "
+                f"{candidate['gpu_s_active'] / max(single['gpu_s_active'], 1e-12):.2f}x its active "
+                f"GPU-seconds, so it is not a cost reduction")
+    return (f"the candidate reduced neither: {speed_ratio:.2f}x single's throughput with "
+            f"{candidate['gpu_s_active'] / max(single['gpu_s_active'], 1e-12):.2f}x its active GPU-seconds")

@@ -1,0 +1,116 @@
+"""The score step: refuse unless committed, verify every committed byte, then score.
+
+One parent score run for the study, and one nested score run per model (`seed`
+and each committed FINISHED arm) carrying `per_case/test.jsonl`,
+`per_case/retention.jsonl`, accuracy by family and overall, mean retention NLL and
+scoring seconds. Arms that failed are in the commitment with their reason and are
+not scored.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from gradshare import tracking as T
+from gradshare.commit import load_commitment
+from gradshare.hashing import file_entries, read_jsonl, tree_sha256
+
+SCORE_INPUTS = ("eval/test_tasks.jsonl", "eval/probes.jsonl", "tokenizer", "seed_model")
+
+
+def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
+    """Download each committed FINISHED arm's checkpoint; refuse any whose hash moved."""
+    out = {}
+    for entry in commitment["arms"]:
+        if entry["status"] != "FINISHED":
+            continue
+        path = T.download(entry["run_id"], "checkpoint", root / entry["arm"])
+        got = tree_sha256(file_entries(path))
+        if got != entry["checkpoint_sha256"]:
+            raise T.StudyError(
+                f"checkpoint of arm {entry['arm']} (run {entry['run_id']}) hashes to {got[:16]}…, but "
+                f"the commitment sealed {entry['checkpoint_sha256'][:16]}…: it changed after commit; "
+                f"refusing to score")
+        out[entry["arm"]] = path
+    return out
+
+
+def score_study(study: str, parent_run) -> dict:
+    import mlflow
+
+    from gradshare.data.tokenizer import load_tokenizer
+    from gradshare.model import build_model, load_model, model_config
+    from gradshare.scoring import device_for, load_for_scoring, score_retention, score_test, summarise
+    from gradshare.train.driver import fetch_verified_inputs, load_prepared_plan
+
+    commit_run, commitment = load_commitment(study)
+    prep, plan = load_prepared_plan(study)
+    mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.commit_run_id": commit_run.info.run_id})
+    if commitment["plan_sha256"] != plan.sha256():
+        raise T.StudyError("the commitment belongs to another plan than the prepare run's")
+    done = [r for r in T.search(study, "score", status="FINISHED") if r.data.tags.get(T.ARM) is None
+            and r.info.run_id != parent_run.info.run_id]
+    if done:
+        raise T.StudyError(f"study {study!r} is already scored (run {done[0].info.run_id}); scores are "
+                           f"made once per commitment")
+    tmp = Path(tempfile.mkdtemp(prefix="gradshare-score-"))
+    try:
+        inputs = fetch_verified_inputs(prep.info.run_id, plan, tmp, SCORE_INPUTS)
+        ckpts = verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
+        tokenizer = load_tokenizer(inputs / "tokenizer")
+        cases = read_jsonl(inputs / "eval/test_tasks.jsonl")
+        probes = read_jsonl(inputs / "eval/probes.jsonl")
+        device = device_for(plan)
+        models: dict[str, object] = {}
+        src = plan.model.source
+        if src == "tiny":
+            models["seed"] = lambda: load_for_scoring(inputs / "seed_model", plan, device)
+        elif src.startswith("hf:"):
+            models["seed"] = lambda: load_for_scoring(Path(src[3:]), plan, device)
+        else:
+            models["seed"] = lambda: build_model(model_config(plan.model.config), plan.study.seed).to(device)
+        for arm, path in ckpts.items():
+            models[arm] = (lambda p=path: load_for_scoring(p, plan, device))
+        results = {}
+        for name, make in models.items():
+            results[name] = _score_one(study, plan, name, make(), tokenizer, cases, probes, device)
+        for entry in commitment["arms"]:
+            if entry["status"] != "FINISHED":
+                print(f"[gradshare] arm {entry['arm']} not scored: {entry['failure_reason']}")
+        mlflow.log_dict({"scored": sorted(results), "not_scored": {
+            e["arm"]: e["failure_reason"] for e in commitment["arms"] if e["status"] != "FINISHED"}},
+            "scored.json")
+        return results
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> dict:
+    import mlflow
+
+    from gradshare.scoring import score_retention, score_test, summarise
+
+    print(f"[gradshare] scoring {name} on {len(cases)} test cases and {len(probes)} probes")
+    with mlflow.start_run(nested=True, run_name=f"score-{name}") as run:
+        mlflow.set_tags(T.study_tags(study, "score", plan.sha256(), name))
+        t0 = time.perf_counter()
+        test_rows = score_test(model, tokenizer, cases, plan, device)
+        test_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        ret_rows = score_retention(model, tokenizer, probes, plan, device)
+        ret_s = time.perf_counter() - t1
+        metrics = summarise(test_rows, ret_rows) | {"score/test_s": test_s, "score/retention_s": ret_s}
+        mlflow.log_metrics(metrics)
+        mlflow.log_text("".join(_line(r) for r in test_rows), "per_case/test.jsonl")
+        mlflow.log_text("".join(_line(r) for r in ret_rows), "per_case/retention.jsonl")
+        print(f"[gradshare] {name}: accuracy {metrics['accuracy/overall']:.3f}, retention NLL "
+              f"{metrics['retention/nll_nats']:.4f} nats, {test_s:.1f}s test + {ret_s:.1f}s probes")
+        return {"run_id": run.info.run_id, **metrics}
+
+
+def _line(row: dict) -> str:
+    import json
+
+    return json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n"

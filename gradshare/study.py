@@ -1,0 +1,62 @@
+"""The whole study from one command: prepare, the three arms in sequence, commit,
+score, analyze — each its own MLflow run, started through `mlflow.projects.run`
+exactly as a user would start it, so that every step is recorded the same way.
+
+An arm that fails stays FAILED and the study goes on to commit it as such; a
+failure of prepare, commit, score or analyze stops the study.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _step(entry: str, study: str, params: dict) -> tuple[bool, float]:
+    import mlflow
+    from mlflow.exceptions import ExecutionException
+
+    t0 = time.perf_counter()
+    print(f"\n[gradshare] ── {entry} {' '.join(f'{k}={v}' for k, v in params.items() if k != 'study')}", flush=True)
+    try:
+        mlflow.projects.run(str(REPO), entry_point=entry, parameters={"study": study, **params},
+                            env_manager="local", experiment_name=study, synchronous=True)
+        return True, time.perf_counter() - t0
+    except ExecutionException as exc:
+        print(f"[gradshare] {entry} ended FAILED: {exc}", flush=True)
+        return False, time.perf_counter() - t0
+
+
+def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, str]) -> dict:
+    from gradshare.plan import load_plan
+
+    from gradshare.prepare import archive_existing_study
+
+    plan = load_plan(profile, overrides)  # refuse an impossible plan before anything runs
+    if new_study and (archived := archive_existing_study(study)):
+        print(f"[gradshare] earlier study archived as experiment {archived!r}")
+    timings = {}
+    ok, timings["prepare"] = _step("prepare", study, {"profile": profile, **overrides})
+    if not ok:
+        raise SystemExit("prepare failed: see its run's gradshare.failure_reason")
+    for arm in plan.arms.names:  # one after another, never overlapping
+        _, timings[f"train-{arm}"] = _step("train", study, {"arm": arm})
+    for entry in ("commit", "score", "analyze"):
+        ok, timings[entry] = _step(entry, study, {})
+        if not ok:
+            raise SystemExit(f"{entry} failed: see its run's gradshare.failure_reason")
+    return timings
+
+
+def ui_hint(study: str) -> str:
+    import mlflow
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    exp = mlflow.get_experiment_by_name(study)
+    eid = exp.experiment_id if exp else "?"
+    if uri.startswith("http"):
+        return f"open {uri}/#/experiments/{eid}"
+    return (f"mlflow ui --backend-store-uri {uri} --port 5000   # then open "
+            f"http://127.0.0.1:5000/#/experiments/{eid}")

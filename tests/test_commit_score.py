@@ -1,0 +1,163 @@
+"""`commit` and `score`: candidates sealed before any test scoring, then per-case scores."""
+import json
+import sys
+import textwrap
+
+import pytest
+
+from gradshare import tracking as T
+from gradshare.hashing import read_jsonl
+from gradshare.plan import load_plan
+from tests.conftest import SMALL, overrides, run_entry
+
+PLAN = load_plan("tiny", SMALL)
+
+
+def test_score_before_commit_refuses_with_a_clear_message(trained_study):
+    proc = run_entry("score", "--study", trained_study, check=False)
+    assert proc.returncode != 0
+    [run] = T.search(trained_study, "score", status="FAILED")
+    assert "is not committed" in run.data.tags[T.FAILURE] and "-e commit" in run.data.tags[T.FAILURE]
+    assert not T.search(trained_study, "score", "seed")  # nothing was scored
+
+
+@pytest.fixture(scope="module")
+def committed(trained_study):
+    run_entry("commit", "--study", trained_study)
+    [run] = T.search(trained_study, "commit", status="FINISHED")
+    return trained_study, json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def scored(committed):
+    study, _ = committed
+    run_entry("score", "--study", study)
+    return study
+
+
+def test_the_commitment_seals_every_arm_with_its_checkpoint_hash(committed):
+    study, c = committed
+    assert [e["arm"] for e in c["arms"]] == list(PLAN.arms.names)
+    for e in c["arms"]:
+        [run] = T.search(study, "train", e["arm"], status="FINISHED")
+        assert e["status"] == "FINISHED" and e["run_id"] == run.info.run_id
+        assert e["checkpoint_sha256"] == run.data.tags[T.CKPT_SHA]
+    assert c["plan_sha256"] == PLAN.sha256() and c["committed_at"]
+
+
+def test_a_second_commit_refuses(committed):
+    study, _ = committed
+    proc = run_entry("commit", "--study", study, check=False)
+    assert proc.returncode != 0
+    assert len(T.search(study, "commit", status="FINISHED")) == 1
+    failed = T.search(study, "commit", status="FAILED")
+    assert "already committed" in failed[-1].data.tags[T.FAILURE]
+
+
+def test_train_refuses_new_candidates_once_the_study_is_committed(committed):
+    study, _ = committed
+    proc = run_entry("train", "--study", study, "--arm", "powersgd", check=False)
+    assert proc.returncode != 0
+    failed = T.search(study, "train", "powersgd", status="FAILED")
+    assert "is committed" in failed[-1].data.tags[T.FAILURE]
+
+
+def test_score_runs_carry_per_case_files_for_the_seed_and_every_arm(scored, tmp_path):
+    for name in ("seed", "single", "dense", "powersgd"):
+        [run] = T.search(scored, "score", name, status="FINISHED")
+        test = read_jsonl(T.download(run.info.run_id, "per_case/test.jsonl", tmp_path / name))
+        ret = read_jsonl(T.download(run.info.run_id, "per_case/retention.jsonl", tmp_path / name))
+        assert len(test) == PLAN.test_cases and len({r["case_id"] for r in test}) == PLAN.test_cases
+        assert len(ret) == PLAN.data.retention_probes and len({r["probe_id"] for r in ret}) == len(ret)
+        assert set(test[0]) >= {"case_id", "family", "correct", "prediction", "target"}
+        assert all(r["correct"] in (0, 1) for r in test)
+        assert all(r["nll_nats"] > 0 and r["tokens"] > 0 for r in ret)
+        m = run.data.metrics
+        assert m["accuracy/overall"] == pytest.approx(sum(r["correct"] for r in test) / len(test))
+        assert m["retention/nll_nats"] == pytest.approx(sum(r["nll_nats"] for r in ret) / len(ret))
+        assert "score/test_s" in m and run.data.tags[T.ARM] == name
+
+
+def test_the_seed_scores_match_an_independent_nll_computation(scored, tmp_path):
+    """Retention NLL recomputed here from the seed weights, token by token."""
+    import torch
+    from gradshare.data.documents import encode
+    from gradshare.data.tokenizer import load_tokenizer
+    from gradshare.model import load_model
+
+    prep = T.prepare_run(scored)
+    tok = load_tokenizer(T.download(prep.info.run_id, "inputs/tokenizer", tmp_path))
+    model = load_model(T.download(prep.info.run_id, "inputs/seed_model", tmp_path))
+    probes = read_jsonl(T.download(prep.info.run_id, "inputs/eval/probes.jsonl", tmp_path))
+    [run] = T.search(scored, "score", "seed", status="FINISHED")
+    logged = {r["probe_id"]: r for r in read_jsonl(T.download(run.info.run_id, "per_case/retention.jsonl", tmp_path))}
+    for p in probes[:3]:
+        ids, mask = encode(tok, p, PLAN.data.max_doc_tokens)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        nll = [-logp[t - 1, ids[t]].item() for t in range(1, len(ids)) if mask[t]]
+        assert logged[p["id"]]["tokens"] == len(nll)
+        assert logged[p["id"]]["nll_nats"] == pytest.approx(sum(nll) / len(nll), rel=1e-5)
+
+
+def test_failed_and_unavailable_arms_are_committed_with_reasons_and_not_scored(partial_study):
+    study, c = partial_study
+    by_arm = {e["arm"]: e for e in c["arms"]}
+    assert by_arm["single"]["status"] == "FINISHED"
+    assert by_arm["dense"]["status"] == "FAILED" and "diverged" in by_arm["dense"]["failure_reason"]
+    assert by_arm["powersgd"]["status"] == "FAILED" and "unavailable" in by_arm["powersgd"]["failure_reason"]
+    [ghost] = T.search(study, "train", "powersgd")  # the unavailable arm is a visible FAILED run
+    assert ghost.info.status == "FAILED" and ghost.info.run_id == by_arm["powersgd"]["run_id"]
+
+
+def test_a_checkpoint_altered_after_commit_is_refused(partial_study, mlflow_server):
+    study, c = partial_study
+    single = next(e for e in c["arms"] if e["arm"] == "single")
+    [path] = list(mlflow_server.artifacts.rglob(f"{single['run_id']}/artifacts/checkpoint/model.safetensors"))
+    original = path.read_bytes()
+    path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one byte
+    try:
+        proc = run_entry("score", "--study", study, check=False)
+    finally:
+        path.write_bytes(original)
+    assert proc.returncode != 0
+    failed = T.search(study, "score", status="FAILED")
+    assert "changed after commit" in failed[-1].data.tags[T.FAILURE]
+    assert not T.search(study, "score", "seed")  # refused before scoring anything
+    # restored bytes score, and only the seed and the finished arm are scored
+    run_entry("score", "--study", study)
+    scored = {r.data.tags[T.ARM] for r in T.search(study, "score", status="FINISHED") if T.ARM in r.data.tags}
+    assert scored == {"seed", "single"}
+
+
+AUDIT = textwrap.dedent("""
+    import os, sys
+    _log = os.environ.get("GRADSHARE_AUDIT_LOG")
+    if _log:
+        _busy = []
+        def _hook(event, args):
+            if event == "open" and not _busy and args and isinstance(args[0], (str, bytes)):
+                _busy.append(1)  # our own write below raises an open event too
+                try:
+                    with open(_log, "a") as f:
+                        f.write(os.fsdecode(args[0]) + "\\n")
+                finally:
+                    _busy.pop()
+        sys.addaudithook(_hook)
+""")
+
+
+def test_train_opens_no_test_set_file(mlflow_server, tmp_path):
+    """Every Python process of train (driver, launcher, workers) logs every file it opens."""
+    site = tmp_path / "audit"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(AUDIT)
+    log = tmp_path / "opened.txt"
+    study = "audited-study"
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
+    import os
+    env = {"GRADSHARE_AUDIT_LOG": str(log), "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    run_entry("train", "--study", study, "--arm", "dense", env=env)
+    opened = log.read_text().splitlines()
+    assert any(p.endswith("train_tasks.jsonl") for p in opened)  # the audit sees real reads
+    assert not [p for p in opened if "test_tasks" in p or "/eval/" in p or "probes" in p]
