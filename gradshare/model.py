@@ -28,11 +28,12 @@ def model_config(name: str, vocab_size: int | None = None):
     return Qwen3Config(**cfg)
 
 
-def build_model(config, seed: int):
+def build_model(config, seed: int, device: str | torch.device = "cpu"):
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    with torch.device(device):  # a 1.7B init is minutes on a CPU, seconds on a GPU
+        model = Qwen3ForCausalLM(config)
     model.to(torch.float32)
     return model
 

@@ -16,6 +16,7 @@ from pathlib import Path
 DEFAULT_URI = "sqlite:///mlflow.db"
 T = "gradshare."  # tag namespace
 STUDY, STEP, PLAN_SHA, ARM = T + "study", T + "step", T + "plan_sha256", T + "arm"
+EXPERIMENT_KIND = "mlflow.experimentKind"
 FAILURE, CKPT_SHA, COMMITTED = T + "failure_reason", T + "checkpoint_sha256", T + "committed"
 
 
@@ -33,6 +34,9 @@ def setup(study: str):
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.set_experiment(study)
+    if exp.tags.get(EXPERIMENT_KIND) != "custom_model_development":
+        # MLflow 3's UI opens a GenAI overview unless told this is model training.
+        client().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, "custom_model_development")
     return exp.experiment_id
 
 

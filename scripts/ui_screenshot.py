@@ -57,7 +57,7 @@ def main(argv=None) -> None:
                 time.sleep(0.5)
         else:
             raise SystemExit("mlflow ui did not start")
-        url = f"{base}/#/experiments/{exp.experiment_id}"
+        url = f"{base}/#/experiments/{exp.experiment_id}/runs"
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
