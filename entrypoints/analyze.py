@@ -7,17 +7,12 @@ prints the verdict table.
 """
 from __future__ import annotations
 
-import argparse
-
-from entrypoints.common import parse
+from entrypoints.common import parse, study_parser
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", default="gradshare-tiny")
-    args, overrides = parse(ap, argv)
-    if overrides:
-        ap.error("analyze takes its plan from the prepare run; it takes no overrides")
+    ap = study_parser(__doc__)
+    args, _ = parse(ap, argv, overrides_allowed=False)
 
     from analysis.analyze import run
     from gradshare import tracking as T

@@ -7,17 +7,12 @@ time) and tags the study committed. Committing twice refuses.
 """
 from __future__ import annotations
 
-import argparse
-
-from entrypoints.common import parse
+from entrypoints.common import parse, study_parser
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", default="gradshare-tiny")
-    args, overrides = parse(ap, argv)
-    if overrides:
-        ap.error("commit takes no plan overrides")
+    ap = study_parser(__doc__)
+    args, _ = parse(ap, argv, overrides_allowed=False)
 
     from gradshare import tracking as T
     from gradshare.commit import commit_study

@@ -8,8 +8,20 @@ from __future__ import annotations
 import argparse
 
 
-def parse(parser: argparse.ArgumentParser, argv=None) -> tuple[argparse.Namespace, dict[str, str]]:
+def study_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose help is the entry point's docstring, with the `--study` every step takes."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--study", default="gradshare-tiny")
+    return ap
+
+
+def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = True
+          ) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Known flags, and the rest as plan overrides (refused where the plan is already fixed)."""
     args, rest = parser.parse_known_args(argv)
+    if rest and not overrides_allowed:
+        parser.error(f"unexpected {' '.join(rest)}: this step takes its plan from the prepare run; "
+                     "plan overrides belong to prepare")
     overrides: dict[str, str] = {}
     i = 0
     while i < len(rest):

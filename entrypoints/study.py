@@ -9,15 +9,13 @@ MLflow UI on the study.
 """
 from __future__ import annotations
 
-import argparse
 import time
 
-from entrypoints.common import parse, truthy
+from entrypoints.common import parse, study_parser, truthy
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", default="gradshare-tiny")
+    ap = study_parser(__doc__)
     ap.add_argument("--profile", default="tiny")
     ap.add_argument("--new-study", "--new_study", default="false")
     args, overrides = parse(ap, argv)

@@ -12,22 +12,17 @@ A run that cannot start, diverges or is stopped ends FAILED with gradshare.failu
 """
 from __future__ import annotations
 
-import argparse
-
-from entrypoints.common import parse
+from entrypoints.common import parse, study_parser
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", default="gradshare-tiny")
+    ap = study_parser(__doc__)
     ap.add_argument("--arm", required=True, choices=["single", "dense", "powersgd"])
     ap.add_argument("--num-machines", type=int, default=1)
     ap.add_argument("--machine-rank", type=int, default=0)
     ap.add_argument("--main-process-ip", default="127.0.0.1")
     ap.add_argument("--main-process-port", type=int, default=0)
-    args, overrides = parse(ap, argv)
-    if overrides:
-        ap.error("train takes its plan from the prepare run; plan overrides belong to prepare")
+    args, _ = parse(ap, argv, overrides_allowed=False)
 
     from gradshare import tracking as T
     from gradshare.train.driver import Launch, run_arm

@@ -158,12 +158,12 @@ def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
 
 
 def archive_existing_study(study: str) -> str | None:
-    """Rename an existing study's experiment out of the way so that a new one starts clean."""
+    """Rename an existing study's experiment (with its runs) out of the way so that a new one starts clean."""
     import mlflow
 
     exp = mlflow.get_experiment_by_name(study)
-    if exp is None:
-        return None
+    if exp is None or not mlflow.MlflowClient().search_runs([exp.experiment_id], max_results=1):
+        return None  # nothing to keep apart: an empty experiment is simply reused
     new_name = f"{study}@archived-{time.strftime('%Y%m%dT%H%M%S')}"
     mlflow.MlflowClient().rename_experiment(exp.experiment_id, new_name)
     return new_name

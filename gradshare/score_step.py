@@ -50,15 +50,15 @@ def score_study(study: str, parent_run) -> dict:
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.commit_run_id": commit_run.info.run_id})
     if commitment["plan_sha256"] != plan.sha256():
         raise T.StudyError("the commitment belongs to another plan than the prepare run's")
-    done = [r for r in T.search(study, "score", status="FINISHED") if r.data.tags.get(T.ARM) is None
-            and r.info.run_id != parent_run.info.run_id]
-    if done:
-        raise T.StudyError(f"study {study!r} is already scored (run {done[0].info.run_id}); scores are "
-                           f"made once per commitment")
     tmp = Path(tempfile.mkdtemp(prefix="gradshare-score-"))
     try:
         inputs = fetch_verified_inputs(prep.info.run_id, plan, tmp, SCORE_INPUTS)
         ckpts = verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
+        done = [r for r in T.search(study, "score", status="FINISHED") if r.data.tags.get(T.ARM) is None
+                and r.info.run_id != parent_run.info.run_id]
+        if done:
+            raise T.StudyError(f"study {study!r} is already scored (run {done[0].info.run_id}); scores are "
+                               f"made once per commitment")
         tokenizer = load_tokenizer(inputs / "tokenizer")
         cases = read_jsonl(inputs / "eval/test_tasks.jsonl")
         probes = read_jsonl(inputs / "eval/probes.jsonl")

@@ -133,12 +133,46 @@ def failing_study(mlflow_server):
 @pytest.fixture(scope="session")
 def partial_study(mlflow_server):
     """single trained, dense diverged (NaN), powersgd never started; then committed."""
-    import json
-    from gradshare import tracking as T
     study = "partial-study"
     run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "2"}))
     run_entry("train", "--study", study, "--arm", "single")
     run_entry("train", "--study", study, "--arm", "dense", env={"GRADSHARE_INJECT_NAN_AT": "2"}, check=False)
     run_entry("commit", "--study", study)
+    return study, commitment_of(study)
+
+
+def is_scored(study: str) -> bool:
+    from gradshare import tracking as T
+    return any(T.ARM not in r.data.tags for r in T.search(study, "score", status="FINISHED"))
+
+
+def commitment_of(study: str) -> dict:
+    import json
+    from gradshare import tracking as T
     [run] = T.search(study, "commit", status="FINISHED")
-    return study, json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+    return json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def committed_study(trained_study):
+    """The small study, committed once (whichever test asks first)."""
+    from gradshare import tracking as T
+    if not T.is_committed(trained_study):
+        run_entry("commit", "--study", trained_study)
+    return trained_study, commitment_of(trained_study)
+
+
+@pytest.fixture(scope="session")
+def scored_study(committed_study):
+    study, _ = committed_study
+    if not is_scored(study):
+        run_entry("score", "--study", study)
+    return study
+
+
+@pytest.fixture(scope="session")
+def partial_scored(partial_study):
+    study, _ = partial_study
+    if not is_scored(study):
+        run_entry("score", "--study", study)
+    return study

@@ -10,14 +10,6 @@ from gradshare.hashing import read_jsonl
 from tests.conftest import run_entry
 
 
-def _scored(study):
-    if not [r for r in T.search(study, "score", status="FINISHED") if T.ARM not in r.data.tags]:
-        if not T.search(study, "commit", status="FINISHED"):
-            run_entry("commit", "--study", study)
-        run_entry("score", "--study", study)
-    return study
-
-
 def _analyze(study, tmp_path, name):
     run_entry("analyze", "--study", study)
     run = T.search(study, "analyze", status="FINISHED")[-1]
@@ -26,8 +18,8 @@ def _analyze(study, tmp_path, name):
 
 
 @pytest.fixture(scope="module")
-def analysed(trained_study, tmp_path_factory):
-    study = _scored(trained_study)
+def analysed(scored_study, tmp_path_factory):
+    study = scored_study
     tmp = tmp_path_factory.mktemp("analysis")
     run, files = _analyze(study, tmp, "first")
     return study, run, files, tmp
@@ -100,9 +92,8 @@ def test_the_verdicts_do_not_change_when_the_analysis_runs_twice(analysed):
     assert again["verdicts.json"].read_bytes() == files["verdicts.json"].read_bytes()
 
 
-def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partial_study, tmp_path):
-    study, _ = partial_study
-    _scored(study)
+def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partial_scored, tmp_path):
+    study = partial_scored
     _, files = _analyze(study, tmp_path, "partial")
     v = json.loads(files["verdicts.json"].read_text())
     assert v["quality_screen"]["pass"] is None and v["speed_screen"]["pass"] is None

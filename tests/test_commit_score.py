@@ -13,26 +13,23 @@ from tests.conftest import SMALL, overrides, run_entry
 PLAN = load_plan("tiny", SMALL)
 
 
-def test_score_before_commit_refuses_with_a_clear_message(trained_study):
-    proc = run_entry("score", "--study", trained_study, check=False)
+def test_score_before_commit_refuses_with_a_clear_message(failing_study):
+    assert not T.is_committed(failing_study)  # no test commits this study
+    proc = run_entry("score", "--study", failing_study, check=False)
     assert proc.returncode != 0
-    [run] = T.search(trained_study, "score", status="FAILED")
+    run = T.search(failing_study, "score", status="FAILED")[-1]
     assert "is not committed" in run.data.tags[T.FAILURE] and "-e commit" in run.data.tags[T.FAILURE]
-    assert not T.search(trained_study, "score", "seed")  # nothing was scored
+    assert not T.search(failing_study, "score", "seed")  # nothing was scored
 
 
-@pytest.fixture(scope="module")
-def committed(trained_study):
-    run_entry("commit", "--study", trained_study)
-    [run] = T.search(trained_study, "commit", status="FINISHED")
-    return trained_study, json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+@pytest.fixture
+def committed(committed_study):
+    return committed_study
 
 
-@pytest.fixture(scope="module")
-def scored(committed):
-    study, _ = committed
-    run_entry("score", "--study", study)
-    return study
+@pytest.fixture
+def scored(scored_study):
+    return scored_study
 
 
 def test_the_commitment_seals_every_arm_with_its_checkpoint_hash(committed):
@@ -115,6 +112,7 @@ def test_a_checkpoint_altered_after_commit_is_refused(partial_study, mlflow_serv
     single = next(e for e in c["arms"] if e["arm"] == "single")
     [path] = list(mlflow_server.artifacts.rglob(f"{single['run_id']}/artifacts/checkpoint/model.safetensors"))
     original = path.read_bytes()
+    scored_before = len(T.search(study, "score", "seed"))
     path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))  # one byte
     try:
         proc = run_entry("score", "--study", study, check=False)
@@ -123,10 +121,11 @@ def test_a_checkpoint_altered_after_commit_is_refused(partial_study, mlflow_serv
     assert proc.returncode != 0
     failed = T.search(study, "score", status="FAILED")
     assert "changed after commit" in failed[-1].data.tags[T.FAILURE]
-    assert not T.search(study, "score", "seed")  # refused before scoring anything
-    # restored bytes score, and only the seed and the finished arm are scored
-    run_entry("score", "--study", study)
-    scored = {r.data.tags[T.ARM] for r in T.search(study, "score", status="FINISHED") if T.ARM in r.data.tags}
+    assert len(T.search(study, "score", "seed")) == scored_before  # refused before scoring anything
+
+
+def test_only_the_seed_and_finished_arms_are_scored(partial_scored):
+    scored = {r.data.tags[T.ARM] for r in T.search(partial_scored, "score", status="FINISHED") if T.ARM in r.data.tags}
     assert scored == {"seed", "single"}
 
 

@@ -97,3 +97,13 @@ def test_every_field_is_a_flat_mlflow_parameter():
 def test_powersgd_needs_two_plain_exchanges_before_error_feedback():
     with pytest.raises(PlanError, match="powersgd.warmup_updates must be >= 2"):
         load_plan("tiny", {"powersgd.warmup_updates": "1"})
+
+
+def test_the_gradshare_command_names_its_steps_and_refuses_unknown_ones():
+    import subprocess, sys
+    ok = subprocess.run([sys.executable, "-m", "gradshare.cli", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "gradshare train" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "gradshare.cli", "fly"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    step = subprocess.run([sys.executable, "-m", "gradshare.cli", "commit", "--help"], capture_output=True, text=True)
+    assert step.returncode == 0 and "commitment.json" in step.stdout

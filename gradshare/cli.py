@@ -1,0 +1,25 @@
+"""The `gradshare` command: each step of the study, as the MLproject entry points run it.
+
+    gradshare prepare --study gradshare-tiny [--profile full] [--concern.field VALUE ...]
+    gradshare train --study gradshare-tiny --arm dense
+    gradshare commit|score|analyze --study gradshare-tiny
+    gradshare study --study gradshare-tiny --new-study true
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+STEPS = ("prepare", "train", "commit", "score", "analyze", "study")
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in STEPS:
+        print(__doc__)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    importlib.import_module(f"entrypoints.{argv[0]}").main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()
