@@ -39,7 +39,8 @@ def documents(n: int, seed: int) -> list[dict]:
     return docs
 
 
-def bench_arm(arm: str, error_feedback: str, profile: str, updates: int, tokenizer, docs, device) -> dict:
+def bench_arm(arm: str, error_feedback: str, profile: str, updates: int, tokenizer, docs, device,
+              trace_update: int = 0, trace_out: Path | None = None) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -68,8 +69,23 @@ def bench_arm(arm: str, error_feedback: str, profile: str, updates: int, tokeniz
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1,
-                on_step=lambda u, m, s: steps.append(m), log=lambda *a: None)
+    prof = None
+
+    def on_step(u, m, _sha):
+        nonlocal prof
+        steps.append(m)
+        if trace_update and u == trace_update - 1:  # profile exactly update `trace_update`
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+        elif prof is not None and u == trace_update:
+            prof.__exit__(None, None, None)
+            sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+            trace_out.write_text(prof.key_averages().table(sort_by=sort, row_limit=30))
+            prof = None
+
+    res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step,
+                log=lambda *a: None)
     wall = time.perf_counter() - t0
     post = [m["perf/step_s"] for m in steps[3:]]  # after warm-up (and compression start at 3)
     params = sum(p.numel() for p in model.parameters())
@@ -100,14 +116,19 @@ def run(args) -> list[dict]:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     docs = documents(args.updates * 32, 7)
     tok_dir = Path(args.workdir) / "tokenizer"
     train_bpe([d["target"] for d in docs], 4096, tok_dir)
     tokenizer = load_tokenizer(tok_dir)
     results = []
-    for arm, ef in (("single", "fp32-host"), ("dense", "fp32-host"), ("powersgd", "fp32-host"),
-                    ("powersgd", "device")):
-        r = bench_arm(arm, ef, args.profile, args.updates, tokenizer, docs, device)
+    arms = (("single", "fp32-host"), ("dense", "fp32-host"), ("powersgd", "fp32-host"), ("powersgd", "device"))
+    if args.trace:  # one arm, one profiled update after compression has started
+        arms = (("dense", "fp32-host"), ("powersgd", "device"))
+    for arm, ef in arms:
+        trace = Path(args.out).with_name(f"trace_{arm}_{ef}.txt") if args.trace else None
+        r = bench_arm(arm, ef, args.profile, args.updates, tokenizer, docs, device,
+                      trace_update=args.updates if args.trace else 0, trace_out=trace)
         results.append(r)
         print(f"{arm:<9}{str(r['error_feedback'] or ''):<10} median step {r['median_step_s']:.3f}s  "
               f"{r['tokens_per_s']:,.0f} tok/s  {r['model_tflops_per_s']:.0f} TFLOP/s  "
@@ -115,12 +136,13 @@ def run(args) -> list[dict]:
     dist.destroy_process_group()
     env = {"torch": torch.__version__, "cuda": torch.version.cuda,
            "device": torch.cuda.get_device_name(0) if cuda else "cpu"}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"env": env, "results": results}, indent=1))
     return results
 
 
 def table(results: list[dict]) -> str:
-    base = next(r for r in results if r["arm"] == "single")["median_step_s"]
+    base = next((r for r in results if r["arm"] == "single"), results[0])["median_step_s"]
     lines = [f"{'arm':<9}{'error':<10}{'step s':>8}{'vs single':>10}{'tok/s':>10}{'TFLOP/s':>9}"
              f"{'peak GiB':>9}{'logical MB':>11}"]
     for r in results:
@@ -152,6 +174,7 @@ def main(argv=None) -> None:
     ap.add_argument("--updates", type=int, default=12)
     ap.add_argument("--out", default="arms_one_gpu.json")
     ap.add_argument("--workdir", default="/tmp/gradshare-bench")
+    ap.add_argument("--trace", action="store_true", help="profile the last update of dense and powersgd")
     ap.add_argument("--log", help="log this result file to MLflow instead of running")
     ap.add_argument("--experiment", default="gradshare-benchmarks")
     args = ap.parse_args(argv)
