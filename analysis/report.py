@@ -118,7 +118,27 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
         ax.set_title(title)
         ax.legend(fontsize=8)
         paths.append(_save(fig, out / fname))
+    paths.append(_loss_gap(rec, out, plt))
     return paths
+
+
+def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
+    """Each arm's loss minus single's, update by update: where the curves overlap, the gap shows."""
+    fig, ax = plt.subplots(figsize=(8, 3))
+    base = dict(rec.arms["single"].histories.get("train/loss") or []) if "single" in rec.arms else {}
+    for arm, a in rec.arms.items():
+        h = a.histories.get("train/loss") or []
+        pts = [(u, y - base[u]) for u, y in h if u in base]
+        if pts and arm != "single":
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=f"{arm} − single")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("update")
+    ax.set_ylabel("nats")
+    ax.set_title("Training loss gap to the single arm" if base else "Training loss gap (single arm missing)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return _save(fig, out / "loss_gap_to_single.png")
 
 
 def _save(fig, path: Path) -> Path:

@@ -81,7 +81,7 @@ def test_the_report_shows_tables_and_self_contained_plots(analysed):
     md, page = files["report.md"].read_text(), files["report.html"].read_text()
     for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost"):
         assert needle in md and needle in page
-    assert page.count("data:image/png;base64,") == 5 and "src=\"http" not in page
+    assert page.count("data:image/png;base64,") == 6 and "src=\"http" not in page
     names = {a.path for a in T.client().list_artifacts(run.info.run_id)}
     assert {"accuracy_by_family.png", "loss_curves.png", "throughput.png", "cumulative_wire_bytes.png"} <= names
 
