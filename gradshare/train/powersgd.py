@@ -2,8 +2,8 @@
 
 The arm uses upstream `torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook`
 unchanged (rank, warm-up of plain all-reduce, warm start, error feedback) with one
-difference: the error-feedback memory lives in FP32 *host* memory (pinned when CUDA is
-available) between exchanges. Upstream keeps one device-resident error tensor per DDP
+difference: the error-feedback memory lives in FP32 *host* memory (pinned when the
+gradients are on a GPU) between exchanges. Upstream keeps one device-resident error tensor per DDP
 bucket for the whole run, i.e. a second full copy of the gradients on the accelerator;
 here only the bucket currently being exchanged has a transient device copy.
 
@@ -30,8 +30,8 @@ ERROR_FEEDBACK_MODES = ("fp32-host", "device", "none")
 class HostErrorPowerSGDState(PowerSGDState):
     """PowerSGDState whose error feedback lives in FP32 host memory between exchanges.
 
-    `host_error` maps a DDP bucket index to its FP32 CPU error tensor (pinned when CUDA is
-    available). Upstream's `error_dict` is used only as the hand-over slot for the one
+    `host_error` maps a DDP bucket index to its FP32 CPU error tensor (pinned when the
+    bucket is on a GPU). Upstream's `error_dict` is used only as the hand-over slot for the one
     bucket being exchanged and is empty between exchanges. On CUDA the copy back to the
     host is asynchronous (ordered before DDP's wait on the bucket's future); a CPU-side
     reader of `host_error` (e.g. a checkpoint) must `torch.cuda.synchronize()` first.
@@ -80,7 +80,7 @@ def host_error_powerSGD_hook(
         host = state.host_error.get(index)
         if host is None or host.shape != error.shape:
             host = torch.empty(error.shape, dtype=torch.float32, device="cpu",
-                               pin_memory=torch.cuda.is_available())
+                               pin_memory=error.is_cuda)  # pinning helps device copies only
             state.host_error[index] = host
         host.copy_(error, non_blocking=error.is_cuda)
         return done.value()
