@@ -8,10 +8,14 @@ from __future__ import annotations
 import argparse
 
 
-def study_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser whose help is the entry point's docstring, with the `--study` every step takes."""
+def study_parser(doc: str, makes_plan: bool = False) -> argparse.ArgumentParser:
+    """A parser whose help is the entry point's docstring, with the `--study` every step takes;
+    steps that make the plan (prepare, study) also take the profile and `--new-study`."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="gradshare-tiny")
+    if makes_plan:
+        ap.add_argument("--profile", default="tiny")
+        ap.add_argument("--new-study", "--new_study", default="false")
     return ap
 
 

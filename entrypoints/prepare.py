@@ -15,9 +15,7 @@ from entrypoints.common import parse, study_parser, truthy
 
 
 def main(argv=None) -> None:
-    ap = study_parser(__doc__)
-    ap.add_argument("--profile", default="tiny")
-    ap.add_argument("--new-study", "--new_study", default="false")
+    ap = study_parser(__doc__, makes_plan=True)
     args, overrides = parse(ap, argv)
 
     from gradshare import prepare as P

@@ -9,22 +9,20 @@ MLflow UI on the study.
 """
 from __future__ import annotations
 
+import os
 import time
 
 from entrypoints.common import parse, study_parser, truthy
 
 
 def main(argv=None) -> None:
-    ap = study_parser(__doc__)
-    ap.add_argument("--profile", default="tiny")
-    ap.add_argument("--new-study", "--new_study", default="false")
+    ap = study_parser(__doc__, makes_plan=True)
     args, overrides = parse(ap, argv)
 
     from gradshare import tracking as T
     from gradshare.study import run_study, ui_hint
 
     T.setup(args.study)
-    import os
     if os.environ.get("MLFLOW_RUN_ID"):  # the run `mlflow run -e study` made: label it
         T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STUDY, args.study)
         T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STEP, "study")
