@@ -38,7 +38,7 @@ def log_analysis(v: dict, out: Path) -> None:
     mlflow.log_artifacts(str(out))
     for name, screen in (("quality_screen", v["quality_screen"]), ("speed_screen", v["speed_screen"])):
         mlflow.set_tag(f"gradshare.{name}", {True: "pass", False: "fail", None: "null"}[screen["pass"]])
-    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+    for k in v["pairs"]:
         if v[k]["mean"] is not None:
             mlflow.log_metrics({f"paired/{k}/mean": v[k]["mean"], f"paired/{k}/lo": v[k]["lo"]})
 

@@ -68,10 +68,12 @@ def collect(study: str) -> StudyRecord:
             rec.hosts = summary["hosts"]
         arms[arm] = rec
     scores = {}
-    if commitment:
+    parents = [r.info.run_id for r in T.search(study, "score", status="FINISHED") if T.ARM not in r.data.tags]
+    if commitment and parents:
         for run in T.search(study, "score", status="FINISHED"):
             model = run.data.tags.get(T.ARM)
-            if model is None or model in scores:
+            # only the scores of the one finished score step, never a failed attempt's
+            if model is None or model in scores or run.data.tags.get("mlflow.parentRunId") != parents[0]:
                 continue
             d = tmp / f"score-{model}"
             scores[model] = {

@@ -13,9 +13,6 @@ from pathlib import Path
 
 from analysis.collect import StudyRecord
 
-MODELS = ("seed", "single", "dense", "powersgd")
-
-
 def _fmt(x, spec=".3f", none="—"):
     return none if x is None else format(x, spec)
 
@@ -28,13 +25,13 @@ def verdict_table(v: dict) -> str:
     """Plain-text verdict table for the terminal."""
     lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}", ""]
     lines.append(f"{'model':<10}{'status':<12}{'overall acc':>12}{'retention NLL':>15}  reason")
-    for m in MODELS:
+    for m in v["arms"]:
         a = v["arms"].get(m, {})
         acc = (a.get("accuracy") or {}).get("overall")
         lines.append(f"{m:<10}{a.get('status', '?'):<12}{_fmt(acc):>12}{_fmt(a.get('retention_nll'), '.4f'):>15}"
                      f"  {a.get('failure_reason') or ''}")
     lines += ["", f"{'paired change (pp)':<20}{'mean':>8}{'se':>8}{'lo':>8}{'hi':>8}{'McNemar p':>11}"]
-    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+    for k in v["pairs"]:
         p = v[k]
         if p["mean"] is None:
             lines.append(f"{k:<20}{'—':>8}  {p['reason']}")
@@ -71,7 +68,7 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
     fams = list(rec.plan.data.families) + ["overall"]
     fig, ax = plt.subplots(figsize=(9, 4))
     width = 0.2
-    for i, m in enumerate(MODELS):
+    for i, m in enumerate(v["arms"]):
         if m not in rec.scores:
             continue
         acc = v["arms"][m]["accuracy"]
@@ -79,7 +76,7 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
         n["overall"] = len(rec.scores[m]["test"])
         ys = [acc[f] for f in fams]
         err = [z * math.sqrt(max(y * (1 - y), 0) / n[f]) for y, f in zip(ys, fams)]
-        ax.bar([j + (i - 1.5) * width for j in range(len(fams))], ys, width, yerr=err, capsize=2, label=m)
+        ax.bar([j + (i - (len(v["arms"]) - 1) / 2) * width for j in range(len(fams))], ys, width, yerr=err, capsize=2, label=m)
     ax.set_xticks(range(len(fams)), [f.replace("_", "\n") for f in fams], fontsize=8)
     ax.set_ylabel(f"accuracy (± {z}·se)")
     ax.set_title("Final-test accuracy by family")
@@ -160,7 +157,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
            "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) | reason |",
            "|" + "---|" * (len(fams) + 5)]
-    for m in MODELS:
+    for m in v["arms"]:
         a = v["arms"].get(m, {})
         acc = a.get("accuracy") or {}
         md.append(f"| {m} | {a.get('status')} | " + " | ".join(_fmt(acc.get(f)) for f in fams) +
@@ -168,7 +165,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
                   f"{a.get('failure_reason') or ''} |")
     md += ["", "## Paired changes (percentage points, same test cases)", "",
            "| comparison | mean | se | lo | hi | n | McNemar exact p | note |", "|---|---|---|---|---|---|---|---|"]
-    for k in ("powersgd-seed", "powersgd-single", "powersgd-dense", "single-seed", "dense-seed"):
+    for k in v["pairs"]:
         p = v[k]
         if p["mean"] is None:
             md.append(f"| {k} | — | — | — | — | 0 | — | {p['reason']} |")

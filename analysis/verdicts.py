@@ -11,8 +11,12 @@ from analysis.collect import StudyRecord
 from analysis.stats import accuracy_by_family, mcnemar_exact_p, paired_change, retention_change
 from gradshare.cost import arm_cost, cost_words, study_budget
 
-PAIRS = (("powersgd", "seed"), ("powersgd", "single"), ("powersgd", "dense"),
-         ("single", "seed"), ("dense", "seed"))
+
+
+def pairs(plan) -> list[tuple[str, str]]:
+    """candidate-seed, candidate-each control, each control-seed (the study's comparisons)."""
+    cand, controls = plan.arms.candidate, list(plan.arms.controls)
+    return [(cand, "seed")] + [(cand, c) for c in controls] + [(c, "seed") for c in controls]
 
 
 def compute(rec: StudyRecord) -> dict:
@@ -33,7 +37,7 @@ def compute(rec: StudyRecord) -> dict:
             entry["failure_reason"] = "finished training but has no score run"
 
     paired = {}
-    for a, b in PAIRS:
+    for a, b in pairs(plan):
         key = f"{a}-{b}"
         if a in correct and b in correct:
             paired[key] = paired_change(correct[a], correct[b], z) | {
@@ -53,7 +57,7 @@ def compute(rec: StudyRecord) -> dict:
              for arm, a in rec.arms.items()}
     return {
         "study": rec.study, "plan_sha256": plan.sha256(), "z": z, "candidate": cand,
-        "controls": list(plan.arms.controls), "arms": arms, **paired,
+        "controls": list(plan.arms.controls), "arms": arms, "pairs": list(paired), **paired,
         "retention_change": retention,
         "quality_screen": quality_screen(plan, rec, paired, retention),
         "speed_screen": speed_screen(plan, rec, costs),

@@ -22,12 +22,20 @@ def main(argv=None) -> None:
     from gradshare import tracking as T
     from gradshare.study import run_study, ui_hint
 
+    from gradshare.plan import load_plan
+
     T.setup(args.study)
-    if os.environ.get("MLFLOW_RUN_ID"):  # the run `mlflow run -e study` made: label it
-        T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STUDY, args.study)
-        T.client().set_tag(os.environ["MLFLOW_RUN_ID"], T.STEP, "study")
+    launcher = os.environ.get("MLFLOW_RUN_ID")  # the run `mlflow run -e study` made: label it
+    tag = (lambda k, v: T.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
+    tag(T.STUDY, args.study)
+    tag(T.STEP, "study")
     t0 = time.perf_counter()
-    timings = run_study(args.study, args.profile, truthy(args.new_study), overrides)
+    try:
+        tag(T.PLAN_SHA, load_plan(args.profile, overrides).sha256())
+        timings = run_study(args.study, args.profile, truthy(args.new_study), overrides)
+    except (SystemExit, Exception) as exc:
+        tag(T.FAILURE, str(exc) or type(exc).__name__)
+        raise
     print("\n[gradshare] step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     print(f"[gradshare] study {args.study!r} done in {time.perf_counter() - t0:.0f}s")
     print(f"[gradshare] MLflow UI: {ui_hint(args.study)}")

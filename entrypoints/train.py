@@ -25,9 +25,16 @@ def main(argv=None) -> None:
     args, _ = parse(ap, argv, overrides_allowed=False)
 
     from gradshare import tracking as T
-    from gradshare.train.driver import Launch, run_arm
+    from gradshare.train.driver import Launch, run_arm, run_secondary_host
 
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
+    if launch.machine_rank > 0:  # only machine rank 0 owns the arm's MLflow run
+        T.setup(args.study)
+        try:
+            run_secondary_host(args.study, args.arm, launch)
+        except T.StudyError as exc:
+            raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}")
+        return
     with T.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
                      system_metrics=True) as run:
         summary = run_arm(args.study, args.arm, run, launch)

@@ -40,9 +40,11 @@ def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
 def score_study(study: str, parent_run) -> dict:
     import mlflow
 
+    import torch
+
     from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.model import build_model, load_model, model_config
-    from gradshare.scoring import device_for, load_for_scoring, score_retention, score_test, summarise
+    from gradshare.model import build_model, model_config
+    from gradshare.scoring import device_for, load_for_scoring
     from gradshare.train.driver import fetch_verified_inputs, load_prepared_plan
 
     commit_run, commitment = load_commitment(study)
@@ -52,7 +54,7 @@ def score_study(study: str, parent_run) -> dict:
         raise T.StudyError("the commitment belongs to another plan than the prepare run's")
     tmp = Path(tempfile.mkdtemp(prefix="gradshare-score-"))
     try:
-        inputs = fetch_verified_inputs(prep.info.run_id, plan, tmp, SCORE_INPUTS)
+        inputs = fetch_verified_inputs(prep, plan, tmp, SCORE_INPUTS)
         ckpts = verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
         done = [r for r in T.search(study, "score", status="FINISHED") if r.data.tags.get(T.ARM) is None
                 and r.info.run_id != parent_run.info.run_id]
@@ -70,7 +72,10 @@ def score_study(study: str, parent_run) -> dict:
         elif src.startswith("hf:"):
             models["seed"] = lambda: load_for_scoring(Path(src[3:]), plan, device)
         else:
-            models["seed"] = lambda: build_model(model_config(plan.model.config), plan.study.seed).to(device)
+            dtype = torch.bfloat16 if plan.hardware.precision == "bf16-autocast" else torch.float32
+            # the same random weights train starts from, in the dtype the arms are scored in
+            models["seed"] = lambda: build_model(model_config(plan.model.config), plan.study.seed,
+                                                 device).to(dtype)
         for arm, path in ckpts.items():
             models[arm] = (lambda p=path: load_for_scoring(p, plan, device))
         results = {}

@@ -109,24 +109,28 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
     import mlflow
 
     exp_id = setup(study)
-    run_id = os.environ.get("MLFLOW_RUN_ID")
+    # Taken out of the environment: a later start_run(nested=True) would otherwise resume
+    # this run instead of creating a child.
+    run_id = os.environ.pop("MLFLOW_RUN_ID", None)
     if run_id and client().get_run(run_id).info.experiment_id != exp_id:
         print(f"[gradshare] launcher run {run_id} is outside experiment {study!r}; "
               f"starting the step's run in {study!r} (use --experiment-name {study})", file=sys.stderr)
-        os.environ.pop("MLFLOW_RUN_ID")
         run_id = None
     run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
                            log_system_metrics=system_metrics)
-    mlflow.set_tags(study_tags(study, step, plan_sha, arm))
+    status = "FAILED"
     try:
+        mlflow.set_tags(study_tags(study, step, plan_sha, arm))
         yield run
+        status = "FINISHED"
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
         reason = "stopped by the user (interrupt)" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
-        mlflow.set_tag(FAILURE, reason)
-        mlflow.end_run("FAILED")
-        if not isinstance(exc, StudyError):
-            traceback.print_exc()
-        print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
+        try:
+            mlflow.set_tag(FAILURE, reason)
+        finally:
+            if not isinstance(exc, StudyError):
+                traceback.print_exc()
+            print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
         raise SystemExit(1) from None
-    else:
-        mlflow.end_run("FINISHED")
+    finally:
+        mlflow.end_run(status)  # whatever happened above, the run does not stay RUNNING

@@ -166,7 +166,7 @@ def committed_study(trained_study):
 def scored_study(committed_study):
     study, _ = committed_study
     if not is_scored(study):
-        run_entry("score", "--study", study)
+        mlflow_run("score", study, {})  # the MLproject path: a launcher run with nested children
     return study
 
 

@@ -51,12 +51,19 @@ def test_a_second_commit_refuses(committed):
     assert "already committed" in failed[-1].data.tags[T.FAILURE]
 
 
-def test_train_refuses_new_candidates_once_the_study_is_committed(committed):
-    study, _ = committed
+def test_train_refuses_new_candidates_once_the_study_is_committed(partial_study):
+    study, _ = partial_study  # powersgd never ran there: it would be a new candidate
     proc = run_entry("train", "--study", study, "--arm", "powersgd", check=False)
     assert proc.returncode != 0
     failed = T.search(study, "train", "powersgd", status="FAILED")
     assert "is committed" in failed[-1].data.tags[T.FAILURE]
+
+
+def test_one_score_step_is_a_parent_run_with_one_nested_run_per_model(scored):
+    [parent] = [r for r in T.search(scored, "score", status="FINISHED") if T.ARM not in r.data.tags]
+    children = [r for r in T.search(scored, "score", status="FINISHED") if T.ARM in r.data.tags]
+    assert sorted(r.data.tags[T.ARM] for r in children) == ["dense", "powersgd", "seed", "single"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
 
 
 def test_score_runs_carry_per_case_files_for_the_seed_and_every_arm(scored, tmp_path):
@@ -103,8 +110,9 @@ def test_failed_and_unavailable_arms_are_committed_with_reasons_and_not_scored(p
     assert by_arm["single"]["status"] == "FINISHED"
     assert by_arm["dense"]["status"] == "FAILED" and "diverged" in by_arm["dense"]["failure_reason"]
     assert by_arm["powersgd"]["status"] == "FAILED" and "unavailable" in by_arm["powersgd"]["failure_reason"]
-    [ghost] = T.search(study, "train", "powersgd")  # the unavailable arm is a visible FAILED run
-    assert ghost.info.status == "FAILED" and ghost.info.run_id == by_arm["powersgd"]["run_id"]
+    ghost = T.client().get_run(by_arm["powersgd"]["run_id"])  # the unavailable arm: a visible FAILED run
+    assert ghost.info.status == "FAILED" and "unavailable" in ghost.data.tags[T.FAILURE]
+    assert ghost.data.tags[T.STEP] == "train" and ghost.data.tags[T.ARM] == "powersgd"
 
 
 def test_a_checkpoint_altered_after_commit_is_refused(partial_study, mlflow_server):

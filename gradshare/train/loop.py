@@ -117,8 +117,9 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
                 last = k == len(mbs) - 1
                 no_sync = net.no_sync() if (world > 1 and not last) else contextlib.nullcontext()
-                with no_sync, autocast:
-                    nll = token_losses(net, ids, att, tgt).sum()
+                with no_sync:
+                    with autocast:  # the forward only; backward runs in the ops' own dtypes
+                        nll = token_losses(net, ids, att, tgt).sum()
                     # Sum of token losses over the global batch / its target count; DDP
                     # averages over ranks, so each rank scales by world to undo it.
                     (nll * (world / n_global)).backward()
@@ -137,16 +138,19 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             if not math.isfinite(loss):
                 raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {arm}")
             grad_norm = torch.nn.utils.clip_grad_norm_(params, o.clip_norm).item()
+            if not math.isfinite(grad_norm):  # never let a non-finite gradient reach the weights
+                raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "
+                                      f"of arm {arm}")
             opt.step()
             opt.zero_grad(set_to_none=True)
         wire1 = _gather(host_counters(), world)
-        step_bytes = dense_bytes if (arm != "powersgd" or u <= plan.powersgd.warmup_updates) else psgd_bytes
-        step_bytes = 0 if arm == "single" else step_bytes
+        compressed = arm == "powersgd" and u > plan.powersgd.warmup_updates
+        step_bytes = 0 if arm == "single" else (psgd_bytes if compressed else dense_bytes)
         res.losses.append(loss)
         res.active_s += clock.seconds
         res.tokens += int(n_tokens)
         res.logical_bytes += step_bytes
-        if arm == "powersgd" and u > plan.powersgd.warmup_updates or arm == "dense":
+        if compressed or arm == "dense":  # upstream's figure: no warm-up exchanges
             res.logical_bytes_post_warmup += step_bytes
         if rank == 0:
             hosts = per_host_delta(wire0, wire1)

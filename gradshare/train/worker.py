@@ -32,12 +32,12 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
     return docs
 
 
-def _seed_model(plan, workdir: Path, tokenizer):
+def _seed_model(plan, workdir: Path, device):
     from gradshare.model import build_model, load_model, model_config
 
     src = plan.model.source
-    if src.startswith("random-"):
-        return build_model(model_config(plan.model.config), plan.study.seed)
+    if src.startswith("random-"):  # built where it trains; score builds it the same way
+        return build_model(model_config(plan.model.config), plan.study.seed, device)
     if src.startswith("hf:"):
         return load_model(src[3:])
     return load_model(workdir / "seed_model")
@@ -64,7 +64,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     set_determinism(plan.hardware.deterministic)
     torch.manual_seed(plan.study.seed)
     tokenizer = load_tokenizer(workdir / "tokenizer")
-    model = _seed_model(plan, workdir, tokenizer).to(device)
+    model = _seed_model(plan, workdir, device).to(device)
     schedule = json.loads((workdir / "schedule.json").read_text())
     docs = _load_docs(workdir)
 
