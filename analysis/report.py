@@ -195,7 +195,10 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "overhead and logging; logical bytes are the compressed tensors only, warm-up included "
            "(post-warm-up column excludes it, as upstream figures do). Where both ranks ran on one physical "
            "host, their traffic went over loopback and no cross-zone traffic was measured; the projected "
-           "column prices the logical volume as if the two planned hosts were in different zones.", "",
+           "column prices the logical volume as if the two planned hosts were in different zones. "
+           "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
+           "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
+           "not in these figures or in the budget line.", "",
            "## Plots", ""]
     md += [f"![{p.stem}]({p.name})" for p in plot_paths]
     return "\n".join(md) + "\n"

@@ -1,4 +1,4 @@
-"""Metering: host wire counters, step clocks, and the study's throughput/cost arithmetic.
+"""Metering: host wire counters and step clocks (cost arithmetic lives in `gradshare.cost`).
 
 Wire bytes come from the OS counters of the host's network interfaces
 (`/proc/net/dev`), so they include everything the host actually sent: gradients,
