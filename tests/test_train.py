@@ -183,3 +183,26 @@ def test_two_host_launch_needs_a_shared_port_and_a_valid_machine_rank(prepared_s
     assert proc.returncode != 0 and "main_process_port" in proc.stderr
     # the second host opened no run of its own: rank 0's run is the arm's record
     assert all(r.data.params.get("machine_rank", "0") == "0" for r in T.search(prepared_study, "train"))
+
+
+def test_a_local_hugging_face_seed_model_is_loaded_and_its_files_are_verified(prepared_study, tmp_path):
+    """The full profile's loading path (`model.source=hf:/dir`) on a model directory made here."""
+    import shutil
+    prep = T.prepare_run(prepared_study)
+    model_dir = T.download(prep.info.run_id, "inputs/seed_model", tmp_path)
+    for f in T.download(prep.info.run_id, "inputs/tokenizer", tmp_path / "tok").iterdir():
+        shutil.copy(f, model_dir / f.name)
+    study = "hf-seed-study"
+    run_entry("prepare", "--study", study, *overrides({"model.source": f"hf:{model_dir}"}))
+    manifest = json.loads(T.download(T.prepare_run(study).info.run_id, "inputs/manifest.json", tmp_path / "m").read_text())
+    assert manifest["seed_model"]["kind"] == "local-hf"
+    assert {e["path"] for e in manifest["seed_model"]["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    run_entry("train", "--study", study, "--arm", "single")
+    # one changed byte in the local model directory after prepare: train refuses
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    proc = run_entry("train", "--study", study, "--arm", "dense", check=False)
+    assert proc.returncode != 0
+    [run] = T.search(study, "train", "dense", status="FAILED")
+    assert "local seed model" in run.data.tags[T.FAILURE]

@@ -65,6 +65,9 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     torch.manual_seed(plan.study.seed)
     tokenizer = load_tokenizer(workdir / "tokenizer")
     model = _seed_model(plan, workdir, device).to(device)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        # a model's own tokenizer with our chat markers added: room for them in the embedding
+        model.resize_token_embeddings(len(tokenizer))
     schedule = json.loads((workdir / "schedule.json").read_text())
     docs = _load_docs(workdir)
 
