@@ -5,6 +5,7 @@ communicated: with identical seeds and batches its averaged gradients must equal
 upstream `powerSGD_hook` with device error feedback at every exchange, across the
 warm-up boundary and while the error accumulates.
 """
+import os
 import socket
 import time
 from datetime import timedelta
@@ -115,10 +116,13 @@ def _free_port() -> int:
 def two_rank_results(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("powersgd")
     # fork, after importing what DDP() imports lazily (torch._dynamo, seconds per process),
-    # so the ranks start in milliseconds; each rank sets one intra-op thread first.
+    # so the ranks start in milliseconds; each rank sets one intra-op thread first. Where a
+    # GPU is present the parent holds driver threads, and forked ranks died on the H200
+    # image (torch 2.11): spawn there.
     import torch._dynamo  # noqa: F401
+    method = os.environ.get("GRADSHARE_TEST_START_METHOD") or ("spawn" if torch.cuda.is_available() else "fork")
     ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD,
-                             join=False, start_method="fork")
+                             join=False, start_method=method)
     deadline = time.monotonic() + 120
     try:
         while not ctx.join(timeout=1):  # raises if a rank failed
