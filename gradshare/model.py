@@ -47,6 +47,17 @@ def load_model(path: str | Path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
 
 
+def seed_model(plan, inputs_dir: str | Path, device: str | torch.device = "cpu"):
+    """The study's starting weights (FP32), wherever the plan says they live: the tiny seed
+    model prepare made (`inputs_dir/seed_model`), a local HF directory, or a random init
+    built on `device` — train and score call this alike, so both start from the same model."""
+    src = plan.model.source
+    if src.startswith("random-"):
+        return build_model(model_config(plan.model.config), plan.study.seed, device)
+    path = Path(src[3:]) if src.startswith("hf:") else Path(inputs_dir) / "seed_model"
+    return load_model(path).to(device)
+
+
 def save_model(model, tokenizer, out_dir: str | Path) -> Path:
     """Weights (safetensors), config and tokenizer: a checkpoint folder that describes itself."""
     out_dir = Path(out_dir)

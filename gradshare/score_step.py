@@ -40,11 +40,9 @@ def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
 def score_study(study: str, parent_run) -> dict:
     import mlflow
 
-    import torch
-
     from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.model import build_model, model_config
-    from gradshare.scoring import device_for, load_for_scoring
+    from gradshare.model import seed_model
+    from gradshare.scoring import device_for, load_for_scoring, scoring_dtype
     from gradshare.train.driver import fetch_verified_inputs, load_prepared_plan
 
     commit_run, commitment = load_commitment(study)
@@ -56,8 +54,7 @@ def score_study(study: str, parent_run) -> dict:
     try:
         inputs = fetch_verified_inputs(prep, plan, tmp, SCORE_INPUTS)
         ckpts = verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
-        done = [r for r in T.search(study, "score", status="FINISHED") if r.data.tags.get(T.ARM) is None
-                and r.info.run_id != parent_run.info.run_id]
+        done = [r for r in T.finished_score_steps(study) if r.info.run_id != parent_run.info.run_id]
         if done:
             raise T.StudyError(f"study {study!r} is already scored (run {done[0].info.run_id}); scores are "
                                f"made once per commitment")
@@ -65,17 +62,8 @@ def score_study(study: str, parent_run) -> dict:
         cases = read_jsonl(inputs / "eval/test_tasks.jsonl")
         probes = read_jsonl(inputs / "eval/probes.jsonl")
         device = device_for(plan)
-        models: dict[str, object] = {}
-        src = plan.model.source
-        if src == "tiny":
-            models["seed"] = lambda: load_for_scoring(inputs / "seed_model", plan, device)
-        elif src.startswith("hf:"):
-            models["seed"] = lambda: load_for_scoring(Path(src[3:]), plan, device)
-        else:
-            dtype = torch.bfloat16 if plan.hardware.precision == "bf16-autocast" else torch.float32
-            # the same random weights train starts from, in the dtype the arms are scored in
-            models["seed"] = lambda: build_model(model_config(plan.model.config), plan.study.seed,
-                                                 device).to(dtype)
+        # the weights train started from, in the dtype the arms are scored in
+        models = {"seed": lambda: seed_model(plan, inputs, device).to(scoring_dtype(plan))}
         for arm, path in ckpts.items():
             models[arm] = (lambda p=path: load_for_scoring(p, plan, device))
         results = {}

@@ -70,8 +70,12 @@ def summarise(test_rows: list[dict], retention_rows: list[dict]) -> dict[str, fl
     return metrics
 
 
+def scoring_dtype(plan) -> torch.dtype:
+    """Every model, seed included, is scored in one dtype: bf16 where training autocast to it."""
+    return torch.bfloat16 if plan.hardware.precision == "bf16-autocast" else torch.float32
+
+
 def load_for_scoring(path: Path, plan, device):
     from gradshare.model import load_model
 
-    dtype = torch.bfloat16 if plan.hardware.precision == "bf16-autocast" else torch.float32
-    return load_model(path, dtype=dtype).to(device)
+    return load_model(path, dtype=scoring_dtype(plan)).to(device)

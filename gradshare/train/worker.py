@@ -32,23 +32,12 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
     return docs
 
 
-def _seed_model(plan, workdir: Path, device):
-    from gradshare.model import build_model, load_model, model_config
-
-    src = plan.model.source
-    if src.startswith("random-"):  # built where it trains; score builds it the same way
-        return build_model(model_config(plan.model.config), plan.study.seed, device)
-    if src.startswith("hf:"):
-        return load_model(src[3:])
-    return load_model(workdir / "seed_model")
-
-
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from accelerate import Accelerator
 
     from gradshare.data.tokenizer import load_tokenizer
     from gradshare.hashing import file_entries, tree_sha256
-    from gradshare.model import save_model
+    from gradshare.model import save_model, seed_model
     from gradshare.plan import plan_from_dict
     from gradshare.sources import set_determinism
     from gradshare.train.loop import train
@@ -64,7 +53,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     set_determinism(plan.hardware.deterministic)
     torch.manual_seed(plan.study.seed)
     tokenizer = load_tokenizer(workdir / "tokenizer")
-    model = _seed_model(plan, workdir, device).to(device)
+    model = seed_model(plan, workdir, device)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # a model's own tokenizer with our chat markers added: room for them in the embedding
         model.resize_token_embeddings(len(tokenizer))
