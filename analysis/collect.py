@@ -68,7 +68,7 @@ def collect(study: str) -> StudyRecord:
             rec.hosts = summary["hosts"]
         arms[arm] = rec
     scores = {}
-    parents = [r.info.run_id for r in T.search(study, "score", status="FINISHED") if T.ARM not in r.data.tags]
+    parents = [r.info.run_id for r in T.finished_score_steps(study)]
     if commitment and parents:
         for run in T.search(study, "score", status="FINISHED"):
             model = run.data.tags.get(T.ARM)

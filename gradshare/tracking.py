@@ -73,6 +73,11 @@ def prepare_run(study: str):
     return runs[0]
 
 
+def finished_score_steps(study: str) -> list:
+    """FINISHED score step runs (the parents; each model's scores are their nested children)."""
+    return [r for r in search(study, "score", status="FINISHED") if ARM not in r.data.tags]
+
+
 def is_committed(study: str) -> bool:
     return bool(search(study, "commit", status="FINISHED"))
 

@@ -7,7 +7,6 @@ normalisation) but shrinks the counts so that the suite runs on 2 CPU cores.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from gradshare.train.driver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,17 +29,11 @@ SMALL = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     log = open(root / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
@@ -143,7 +138,7 @@ def partial_study(mlflow_server):
 
 def is_scored(study: str) -> bool:
     from gradshare import tracking as T
-    return any(T.ARM not in r.data.tags for r in T.search(study, "score", status="FINISHED"))
+    return bool(T.finished_score_steps(study))
 
 
 def commitment_of(study: str) -> dict:
