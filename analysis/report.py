@@ -21,6 +21,13 @@ def _pp(x):
     return "—" if x is None else f"{100 * x:+.2f}"
 
 
+def _paired_cells(p: dict) -> tuple[str, ...] | None:
+    """mean, se, lo, hi in percentage points and McNemar's p, formatted once for both tables."""
+    if p["mean"] is None:
+        return None
+    return _pp(p["mean"]), f"{100 * p['se']:.2f}", _pp(p["lo"]), _pp(p["hi"]), f"{p['mcnemar']['p']:.4f}"
+
+
 def verdict_table(v: dict) -> str:
     """Plain-text verdict table for the terminal."""
     lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}", ""]
@@ -32,12 +39,12 @@ def verdict_table(v: dict) -> str:
                      f"  {a.get('failure_reason') or ''}")
     lines += ["", f"{'paired change (pp)':<20}{'mean':>8}{'se':>8}{'lo':>8}{'hi':>8}{'McNemar p':>11}"]
     for k in v["pairs"]:
-        p = v[k]
-        if p["mean"] is None:
-            lines.append(f"{k:<20}{'—':>8}  {p['reason']}")
+        cells = _paired_cells(v[k])
+        if cells is None:
+            lines.append(f"{k:<20}{'—':>8}  {v[k]['reason']}")
         else:
-            lines.append(f"{k:<20}{_pp(p['mean']):>8}{100 * p['se']:>8.2f}{_pp(p['lo']):>8}{_pp(p['hi']):>8}"
-                         f"{p['mcnemar']['p']:>11.4f}")
+            mean, se, lo, hi, p = cells
+            lines.append(f"{k:<20}{mean:>8}{se:>8}{lo:>8}{hi:>8}{p:>11}")
     q, s = v["quality_screen"], v["speed_screen"]
     lines += ["", f"quality screen: {_word(q['pass'])}" + (f"  ({q['reason']})" if q["pass"] is None else "")]
     for name, c in (q.get("checks") or {}).items():
@@ -166,12 +173,12 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
     md += ["", "## Paired changes (percentage points, same test cases)", "",
            "| comparison | mean | se | lo | hi | n | McNemar exact p | note |", "|---|---|---|---|---|---|---|---|"]
     for k in v["pairs"]:
-        p = v[k]
-        if p["mean"] is None:
-            md.append(f"| {k} | — | — | — | — | 0 | — | {p['reason']} |")
+        cells = _paired_cells(v[k])
+        if cells is None:
+            md.append(f"| {k} | — | — | — | — | 0 | — | {v[k]['reason']} |")
         else:
-            md.append(f"| {k} | {_pp(p['mean'])} | {100 * p['se']:.2f} | {_pp(p['lo'])} | {_pp(p['hi'])} | "
-                      f"{p['n']} | {p['mcnemar']['p']:.4f} | |")
+            mean, se, lo, hi, p = cells
+            md.append(f"| {k} | {mean} | {se} | {lo} | {hi} | {v[k]['n']} | {p} | |")
     md += ["", "## Retention change against the seed (nats per target token)", "",
            "| arm | mean | se | upper (mean + z·se) | n | note |", "|---|---|---|---|---|---|"]
     for arm, r in v["retention_change"].items():
