@@ -42,7 +42,6 @@ def documents(n: int, seed: int) -> list[dict]:
 def bench_arm(arm: str, error_feedback: str, profile: str, updates: int, tokenizer, docs, device,
               trace_update: int = 0, trace_out: Path | None = None) -> dict:
     import torch
-    import torch.distributed as dist
 
     from gradshare.data.documents import target_tokens
     from gradshare.data.schedule import build_schedule, update_sha256
@@ -178,6 +177,8 @@ def main(argv=None) -> None:
     ap.add_argument("--log", help="log this result file to MLflow instead of running")
     ap.add_argument("--experiment", default="gradshare-benchmarks")
     args = ap.parse_args(argv)
+    if args.updates < 4:  # the median is taken after 2 warm-up and the first compressed update
+        ap.error("--updates must be at least 4")
     if args.log:
         log_to_mlflow(Path(args.log), args.experiment)
         print(table(json.loads(Path(args.log).read_text())["results"]))

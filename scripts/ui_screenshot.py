@@ -12,18 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None) -> None:
@@ -38,6 +31,8 @@ def main(argv=None) -> None:
     if not browser:
         raise SystemExit("no chromium on PATH: apt-get install chromium")
     import mlflow
+
+    from gradshare.train.driver import free_port
 
     mlflow.set_tracking_uri(args.backend_store_uri)
     exp = mlflow.get_experiment_by_name(args.study)

@@ -1,6 +1,4 @@
 """`commit` and `score`: candidates sealed before any test scoring, then per-case scores."""
-import json
-import sys
 import textwrap
 
 import pytest

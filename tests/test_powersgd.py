@@ -6,7 +6,6 @@ upstream `powerSGD_hook` with device error feedback at every exchange, across th
 warm-up boundary and while the error accumulates.
 """
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -18,6 +17,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gradshare.train.driver import free_port
 from gradshare.train.powersgd import (
     HostErrorPowerSGDState,
     host_error_powerSGD_hook,
@@ -106,12 +106,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("powersgd")
@@ -121,7 +115,7 @@ def two_rank_results(tmp_path_factory) -> list[dict]:
     # image (torch 2.11): spawn there.
     import torch._dynamo  # noqa: F401
     method = os.environ.get("GRADSHARE_TEST_START_METHOD") or ("spawn" if torch.cuda.is_available() else "fork")
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD,
+    ctx = mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD,
                              join=False, start_method=method)
     deadline = time.monotonic() + 120
     try:

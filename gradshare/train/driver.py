@@ -115,7 +115,8 @@ def check_may_start(study: str, arm: str, own_run_id: str, plan: Plan) -> None:
                            f"after another, never overlapping: wait for it or stop it")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on now (for rendezvous, servers the tests start)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -129,7 +130,7 @@ def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Lau
     if n > 1:
         # `--cpu` with several processes starts one process; `--multi_gpu` plus
         # Accelerator(cpu=True) gives real gloo ranks on CPU.
-        port = launch.main_process_port or _free_port()
+        port = launch.main_process_port or free_port()
         cmd += ["--multi_gpu", "--machine_rank", str(launch.machine_rank),
                 "--main_process_ip", launch.main_process_ip, "--main_process_port", str(port)]
     elif plan.hardware.device == "cpu":
