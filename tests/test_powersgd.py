@@ -14,7 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+    PowerSGDState,
+    _should_compress,
+    powerSGD_hook,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradshare.train.driver import free_port
@@ -192,10 +196,18 @@ def test_make_state_modes():
 
 
 def test_logical_bytes_hand_computed():
+    """Hand-computed cases; 1-D tensors follow upstream's n x 1 view, not a skip rule."""
     assert logical_bytes_per_exchange([(256, 256)], 4, 32) == (256 + 256) * 32 * 4
     # (128+128)*32*2 = 16384 is not < 128*128 = 16384: sent uncompressed.
     assert logical_bytes_per_exchange([(128, 128)], 4, 32) == 128 * 128 * 4
+    # A 1-D tensor is a 1024 x 1 matrix, rank 1: (1024+1)*1*2 = 2050 > 1024, uncompressed
+    # at the default rate 2; at rate 0.5, 1025*0.5 < 1024: compressed into P and Q, 1025.
     assert logical_bytes_per_exchange([(1024,)], 4, 32) == 1024 * 4
+    assert logical_bytes_per_exchange([(1024,)], 4, 32, 0.5) == (1024 + 1) * 4
+    assert logical_bytes_per_exchange([(1,)], 4, 32, 0.5) == 1 * 4  # 2*0.5 = 1 is not < 1
+    # (8, 256) at rank 32 -> r = 8: (8+256)*8 = 2112 elements; 2112*0.99 < 2048 is false.
+    assert logical_bytes_per_exchange([(8, 256)], 1, 32, 0.99) == 8 * 256
+    assert logical_bytes_per_exchange([(8, 256)], 1, 32, 0.5) == (8 + 256) * 8
     # Conv-like (64, 32, 3, 3) is viewed as 64 x 288: (64+288)*32*2 = 22528 > 18432, uncompressed.
     assert logical_bytes_per_exchange([(64, 32, 3, 3)], 2, 32) == 64 * 288 * 2
     # rank capped by the smaller side: (4096, 8) -> min(32, 4096, 8) = 8; (4104*8*2) > 32768.
@@ -212,3 +224,125 @@ def test_compression_ratio_realistic():
     dense = logical_bytes_per_exchange(shapes, 4, None)
     compressed = logical_bytes_per_exchange(shapes, 4, 32)
     assert dense / compressed > 10
+
+
+# --- logical_bytes_per_exchange against upstream's own rule and counters -----------------
+
+RATES = (0.5, 0.99, 1.0, 2.0, 10.0)
+# Qwen-like (Qwen2.5-1.5B: d=1536, MLP 8960, 2 KV heads of 128, vocab 151936; Qwen3-style
+# per-head norms of 128), tiny and degenerate matrices, 1-D, 3-D and 4-D tensors.
+UPSTREAM_SHAPES = [
+    (1,), (2,), (3,), (99,), (100,), (101,), (128,), (256,), (1536,), (8960,),
+    (1, 1), (1, 5), (5, 1), (2, 2), (3, 7), (8, 256), (128, 128), (256, 256),
+    (1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536),
+    (2, 3, 4), (4, 2, 3), (1, 1, 1, 1), (16, 3, 5, 5), (64, 32, 3, 3), (512, 256, 1, 1),
+    (3, 0), (4, 0, 2),
+]
+
+
+def _upstream_elements(shape: tuple[int, ...], rank: int, rate: float) -> int:
+    """Elements upstream `powerSGD_hook` sends for one gradient: its own view and test."""
+    tensor = torch.empty(shape, device="meta")  # no memory even for the embedding
+    matrix = tensor.view(tensor.shape[0], -1)  # exactly the view upstream makes
+    n, m = matrix.shape
+    r = min(n, m, rank)
+    compress, uncompressed, compressed = _should_compress(n, m, r, rate)
+    if compress:
+        assert compressed == n * r + m * r  # P (n x r) plus Q (m x r), as upstream allocates
+    return compressed if compress else uncompressed
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("matrix_rank", (1, 4, 32))
+def test_logical_bytes_matches_upstream_should_compress(matrix_rank, rate):
+    total = 0
+    for shape in UPSTREAM_SHAPES:
+        want = _upstream_elements(shape, matrix_rank, rate)
+        got = logical_bytes_per_exchange([shape], 1, matrix_rank, rate)
+        assert got == want, f"shape {shape}, rank {matrix_rank}, rate {rate}: {got} != {want}"
+        assert logical_bytes_per_exchange([shape], 2, matrix_rank, rate) == 2 * want
+        total += want
+    assert logical_bytes_per_exchange(UPSTREAM_SHAPES, 4, matrix_rank, rate) == 4 * total
+    # The old rule (1-D never compressed) is wrong exactly when the rate is below 1.
+    one_d_compressed = any(len(s) == 1 and _upstream_elements(s, matrix_rank, rate) != s[0]
+                           for s in UPSTREAM_SHAPES)
+    assert one_d_compressed == (rate < 1)
+
+
+def test_logical_bytes_shapes_upstream_cannot_view():
+    """0-dim and leading-size-0 tensors: upstream's hook raises; counted as numel here."""
+    with pytest.raises(IndexError):
+        _upstream_elements((), 4, 0.5)
+    with pytest.raises(RuntimeError):
+        _upstream_elements((0, 4), 4, 0.5)
+    for rate in RATES:
+        assert logical_bytes_per_exchange([()], 4, 4, rate) == 4
+        assert logical_bytes_per_exchange([(0,), (0, 4)], 4, 4, rate) == 0
+        assert logical_bytes_per_exchange([(3, 0), (4, 0, 2)], 4, 4, rate) == 0
+
+
+class _Mixed(nn.Module):
+    """1-D (biases, norm, a length-1 scale), 2-D and 3-D parameters."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.conv = nn.Conv1d(2, 4, 3)  # weight (4, 2, 3), bias (4,)
+        self.fc1 = nn.Linear(32, 16)  # (16, 32), (16,)
+        self.norm = nn.LayerNorm(16)  # (16,), (16,)
+        self.fc2 = nn.Linear(16, 4)  # (4, 16), (4,)
+        self.scale = nn.Parameter(torch.ones(1))  # (1,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).flatten(1)  # (B, 2, 10) -> (B, 4, 8) -> (B, 32)
+        return self.fc2(torch.tanh(self.norm(self.fc1(h)))) * self.scale
+
+
+@pytest.fixture(scope="module")
+def single_rank_group(tmp_path_factory):
+    """A real one-rank gloo process group in this process, destroyed even on failure."""
+    store = tmp_path_factory.mktemp("pg1") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("rate", (0.5, 0.99, 2.0, 10.0))
+@pytest.mark.parametrize("matrix_rank", (1, 2, 8))
+def test_logical_bytes_matches_upstream_counters(single_rank_group, matrix_rank, rate):
+    """Upstream's own `total_numel_after_compression` over one compressed DDP pass."""
+    model = _Mixed()
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    # A tiny bucket cap gives several buckets, so every bucket's share is counted.
+    ddp = DDP(model, bucket_cap_mb=0.001)
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=matrix_rank,
+                          start_powerSGD_iter=2, min_compression_rate=rate,
+                          use_error_feedback=False, warm_start=False)
+    ddp.register_comm_hook(state, _upstream_in_order)
+    g = torch.Generator().manual_seed(SEED)
+    counters = []  # (iter, before, after) at the end of each pass
+    for _ in range(4):  # passes 1-2 plain all-reduce, 3-4 compressed
+        ddp.zero_grad(set_to_none=True)
+        ddp(torch.randn(5, 2, 10, generator=g)).square().mean().backward()
+        counters.append((state.iter, state.total_numel_before_compression,
+                         state.total_numel_after_compression))
+    assert [c[0] for c in counters] == [1, 2, 3, 4], f"DDP did not run the hook every pass: {counters}"
+    assert counters[1][1:] == (0, 0), "upstream counted during its plain all-reduce warm-up"
+    before = counters[2][1] - counters[1][1]
+    after = counters[2][2] - counters[1][2]
+    if after == 0:
+        pytest.fail(f"upstream's counters did not move over a compressed pass: {counters}")
+    assert before == sum(p.numel() for p in model.parameters())  # every gradient went through
+    assert counters[3][2] - counters[2][2] == after  # the next compressed pass sends the same
+    assert logical_bytes_per_exchange(shapes, 1, matrix_rank, rate) == after
+    assert logical_bytes_per_exchange(shapes, 4, matrix_rank, rate) == 4 * after
+    assert logical_bytes_per_exchange(shapes, 1, None) == before
+    if rate == 0.5:  # upstream compresses 1-D gradients here: (16,) as 16 x 1 into 17 elements
+        # (at 0.99 only n > 99 would be, and this model's 1-D tensors are smaller)
+        one_d = [s for s in shapes if len(s) == 1]
+        old_rule = (logical_bytes_per_exchange([s for s in shapes if len(s) > 1], 1, matrix_rank, rate)
+                    + sum(s[0] for s in one_d))
+        assert after != old_rule
