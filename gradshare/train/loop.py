@@ -15,22 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from gradshare import faults as F
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
 from gradshare.metering import Clock, host_counters, per_host_delta
 from gradshare.model import collate, token_losses
 from gradshare.plan import Plan
 from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
-
-# Fault injection for the failure-path tests: a NaN loss at this update (1-based).
-INJECT_NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
 
 
 class DivergenceError(RuntimeError):
@@ -98,7 +95,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if plan.hardware.precision == "bf16-autocast"
                 else contextlib.nullcontext())
     sync = torch.cuda.synchronize if device.type == "cuda" else None
-    inject = int(os.environ.get(INJECT_NAN_ENV, "0") or 0)
+    faults = F.from_env()
     res = LoopResult()
     t_start = time.perf_counter()
     net.train()
@@ -110,6 +107,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
         mbs = micro_batches(mine, lengths, s.micro_batch_docs)
         for g in opt.param_groups:
             g["lr"] = _lr(plan, u)
+        faults.update_start(u, rank)
         wire0 = _gather(host_counters(), world)
         with Clock(sync) as clock:
             local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
@@ -133,8 +131,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 raise RuntimeError(f"update {u}: counted {int(n_targets)} target tokens, "
                                    f"schedule registered {n_global}")
             loss = loss_sum / n_global
-            if inject and u == inject:
-                loss = float("nan")
+            loss = faults.loss(u, loss)
             if not math.isfinite(loss):
                 raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {arm}")
             grad_norm = torch.nn.utils.clip_grad_norm_(params, o.clip_norm).item()

@@ -1,0 +1,49 @@
+"""Fault injection for the failure-path tests: every switch is read here, nowhere else.
+
+    GRADSHARE_INJECT_NAN_AT=U     the loss of update U (1-based) is NaN on every rank,
+                                  so the run must end FAILED as diverged
+    GRADSHARE_INJECT_HANG_AT=U:R  rank R sleeps for ever at the start of update U, so the
+                                  other ranks must time out rather than wait for ever
+
+Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
+HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
+
+
+@dataclass(frozen=True)
+class Faults:
+    nan_at: int = 0  # update; 0: never
+    hang_at: int = 0
+    hang_rank: int = 0
+
+    def update_start(self, update: int, rank: int, sleep=time.sleep) -> None:
+        if self.hang_at and update == self.hang_at and rank == self.hang_rank:
+            # every rank prints this, not only rank 0: the log must say which rank went quiet
+            print(f"[gradshare] fault injection ({HANG_ENV}): rank {rank} hangs at update {update}",
+                  flush=True)
+            while True:  # a hang, not an exit: the process stays alive and silent
+                sleep(3600)
+
+    def loss(self, update: int, loss: float) -> float:
+        return float("nan") if self.nan_at and update == self.nan_at else loss
+
+
+def from_env(env=None) -> Faults:
+    env = os.environ if env is None else env
+    nan = env.get(NAN_ENV, "").strip()
+    hang = env.get(HANG_ENV, "").strip()
+    try:
+        nan_at = int(nan) if nan else 0
+        hang_at, hang_rank = (int(x) for x in hang.split(":")) if hang else (0, 0)
+    except ValueError:
+        raise ValueError(f"fault injection: {NAN_ENV}={nan!r} must be an update number and "
+                         f"{HANG_ENV}={hang!r} must be UPDATE:RANK (e.g. 3:1); unset them to train "
+                         f"without faults") from None
+    return Faults(nan_at, hang_at, hang_rank)
