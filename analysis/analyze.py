@@ -33,14 +33,13 @@ def log_analysis(v: dict, out: Path) -> None:
     import mlflow
 
     from gradshare import tracking as T
+    from gradshare.metrics import paired_metrics
 
     mlflow.set_tag(T.PLAN_SHA, v["plan_sha256"])
     mlflow.log_artifacts(str(out))
     for name, screen in (("quality_screen", v["quality_screen"]), ("speed_screen", v["speed_screen"])):
         mlflow.set_tag(f"gradshare.{name}", {True: "pass", False: "fail", None: "null"}[screen["pass"]])
-    for k in v["pairs"]:
-        if v[k]["mean"] is not None:
-            mlflow.log_metrics({f"paired/{k}/mean": v[k]["mean"], f"paired/{k}/lo": v[k]["lo"]})
+    mlflow.log_metrics(paired_metrics(v))
 
 
 def run(study: str) -> dict:

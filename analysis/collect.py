@@ -12,11 +12,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradshare import metrics as M
 from gradshare import tracking as T
 from gradshare.hashing import read_jsonl
 
-STEP_METRICS = ("train/loss", "perf/tokens_per_s", "comm/logical_bytes", "comm/wire_tx_bytes",
-                "comm/wire_rx_bytes", "comm/loopback_bytes")
+STEP_METRICS = (M.TRAIN_LOSS, M.TOKENS_PER_S, M.LOGICAL_BYTES, M.WIRE_TX_BYTES, M.WIRE_RX_BYTES,
+                M.LOOPBACK_BYTES)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 
 from analysis.collect import StudyRecord
+from gradshare import metrics as M
+
 
 def _fmt(x, spec=".3f", none="—"):
     return none if x is None else format(x, spec)
@@ -91,10 +93,10 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
     paths.append(_save(fig, out / "accuracy_by_family.png"))
 
     for key, title, fname, cumulative in (
-            ("train/loss", "Training loss (globally normalised)", "loss_curves.png", False),
-            ("perf/tokens_per_s", "Throughput per update (tokens/s)", "throughput.png", False),
-            ("comm/logical_bytes", "Cumulative logical bytes (per rank)", "cumulative_logical_bytes.png", True),
-            ("comm/wire_tx_bytes", "Cumulative wire bytes sent (non-loopback, all hosts)",
+            (M.TRAIN_LOSS, "Training loss (globally normalised)", "loss_curves.png", False),
+            (M.TOKENS_PER_S, "Throughput per update (tokens/s)", "throughput.png", False),
+            (M.LOGICAL_BYTES, "Cumulative logical bytes (per rank)", "cumulative_logical_bytes.png", True),
+            (M.WIRE_TX_BYTES, "Cumulative wire bytes sent (non-loopback, all hosts)",
              "cumulative_wire_bytes.png", True)):
         fig, ax = plt.subplots(figsize=(8, 3.5))
         for arm, a in rec.arms.items():
@@ -108,9 +110,9 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
                     acc += y
                     ys[i] = acc
             ax.plot(xs, ys, label=arm)
-        if key == "comm/wire_tx_bytes":  # loopback beside it: two ranks on one host talk over lo
+        if key == M.WIRE_TX_BYTES:  # loopback beside it: two ranks on one host talk over lo
             for arm, a in rec.arms.items():
-                h = a.histories.get("comm/loopback_bytes") or []
+                h = a.histories.get(M.LOOPBACK_BYTES) or []
                 if h and arm != "single":
                     xs, ys = zip(*h)
                     cum, tot = [], 0.0
@@ -129,9 +131,9 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
 def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
     """Each arm's loss minus single's, update by update: where the curves overlap, the gap shows."""
     fig, ax = plt.subplots(figsize=(8, 3))
-    base = dict(rec.arms["single"].histories.get("train/loss") or []) if "single" in rec.arms else {}
+    base = dict(rec.arms["single"].histories.get(M.TRAIN_LOSS) or []) if "single" in rec.arms else {}
     for arm, a in rec.arms.items():
-        h = a.histories.get("train/loss") or []
+        h = a.histories.get(M.TRAIN_LOSS) or []
         pts = [(u, y - base[u]) for u, y in h if u in base]
         if pts and arm != "single":
             xs, ys = zip(*pts)
@@ -198,10 +200,12 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
                   f"{c['cross_zone_usd']:.6f} | {c['cross_zone_usd_projected_from_logical']:.6f} | "
                   f"{c['checkpoint_s']:.2f} |")
     md += ["", f"**Cost in words:** {v['speed_screen']['cost_words']}.", "",
-           "Wire bytes are the hosts' own interface counters (non-loopback), so they include protocol "
-           "overhead and logging; logical bytes are the compressed tensors only, warm-up included "
-           "(post-warm-up column excludes it, as upstream figures do). Where both ranks ran on one physical "
-           "host, their traffic went over loopback and no cross-zone traffic was measured; the projected "
+           "Wire bytes are the hosts' own interface counters (non-loopback) over the whole arm, worker "
+           "start to end (start-up with DDP's weight broadcast, the updates, the checkpoint), so they "
+           "include protocol overhead and logging; logical bytes are the compressed tensors only, "
+           "warm-up included (post-warm-up column excludes it, as upstream figures do). Where both ranks "
+           "ran on one host, their traffic went over loopback and no cross-zone traffic was measured; a "
+           "host is one network stack, so two namespaces of one machine count as two. The projected "
            "column prices the logical volume as if the two planned hosts were in different zones. "
            "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "

@@ -7,6 +7,8 @@ host in another zone each cost `cross_zone_usd_per_gb`.
 """
 from __future__ import annotations
 
+from gradshare import metrics as M
+
 GB = 1e9
 
 
@@ -19,23 +21,23 @@ def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
     """Cost figures of one FINISHED arm from its train run's summary metrics."""
     infra = plan.infra
     n_hosts = hosts_for(plan, arm)
-    wall = metrics.get("perf/wall_s", 0.0)
+    wall = metrics.get(M.WALL_S, 0.0)
     host_hours = wall * n_hosts / 3600
     per_host = []
-    for j, name in enumerate(measured_hosts):
-        per_host.append({"host": name, "wire_tx_bytes": metrics.get(f"comm/host{j}/wire_tx_bytes_total", 0.0),
-                         "wire_rx_bytes": metrics.get(f"comm/host{j}/wire_rx_bytes_total", 0.0),
-                         "loopback_bytes": metrics.get(f"comm/host{j}/loopback_bytes_total", 0.0)})
+    for j, name in enumerate(measured_hosts):  # whole arm: worker start to end (metering's `total`)
+        per_host.append({"host": name, "wire_tx_bytes": metrics.get(M.host_wire_tx_total(j), 0.0),
+                         "wire_rx_bytes": metrics.get(M.host_wire_rx_total(j), 0.0),
+                         "loopback_bytes": metrics.get(M.host_loopback_total(j), 0.0)})
     zones = set(infra.zones[:n_hosts])
     # Only traffic between distinct physical hosts in distinct zones crosses a zone.
     crosses = len(measured_hosts) > 1 and len(zones) > 1
     cross_bytes = sum(h["wire_tx_bytes"] + h["wire_rx_bytes"] for h in per_host) if crosses else 0.0
-    logical = metrics.get("comm/logical_bytes_total", 0.0)
+    logical = metrics.get(M.LOGICAL_BYTES_TOTAL, 0.0)
     # Two ranks, ring all-reduce: each host sends and receives about the logical volume.
     projected = 4 * logical if n_hosts > 1 and len(zones) > 1 else 0.0
     return {
-        "gpu_s_active": metrics.get("perf/gpu_s_active", 0.0),
-        "gpu_s_total": metrics.get("perf/gpu_s_total", 0.0),
+        "gpu_s_active": metrics.get(M.GPU_S_ACTIVE, 0.0),
+        "gpu_s_total": metrics.get(M.GPU_S_TOTAL, 0.0),
         "wall_s": wall,
         "hosts": n_hosts,
         "host_hours": host_hours,
@@ -46,9 +48,9 @@ def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
         "cross_zone_usd": cross_bytes / GB * infra.cross_zone_usd_per_gb,
         "cross_zone_usd_projected_from_logical": projected / GB * infra.cross_zone_usd_per_gb,
         "logical_bytes": logical,
-        "logical_bytes_post_warmup": metrics.get("comm/logical_bytes_post_warmup", 0.0),
-        "checkpoint_s": metrics.get("ckpt/save_s", 0.0),
-        "checkpoint_bytes": metrics.get("ckpt/bytes", 0.0),
+        "logical_bytes_post_warmup": metrics.get(M.LOGICAL_BYTES_POST_WARMUP, 0.0),
+        "checkpoint_s": metrics.get(M.CKPT_SAVE_S, 0.0),
+        "checkpoint_bytes": metrics.get(M.CKPT_BYTES, 0.0),
     }
 
 

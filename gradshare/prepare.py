@@ -26,6 +26,7 @@ from gradshare.data.schedule import build_schedule, update_sha256
 from gradshare.data.tasks import generate_splits
 from gradshare.data.tokenizer import load_tokenizer, train_bpe
 from gradshare.hashing import file_entries, read_jsonl, tree_sha256, write_json, write_jsonl
+from gradshare.metrics import seed_metrics
 from gradshare.plan import Plan
 from gradshare.sources import numerical_sources, set_determinism
 
@@ -150,9 +151,7 @@ def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
         # MLflow's own digest is 8 hex characters over 10,000 rows: not enough to pre-register.
         mlflow.log_input(ds, context=context, tags={"gradshare.sha256": sha[path]})
     seed = manifest["seed_model"]
-    for k in ("probe_nll_untrained", "probe_nll_seed", "pretrain_final_loss", "parameters"):
-        if k in seed:
-            mlflow.log_metric(f"seed/{k}", seed[k])
+    mlflow.log_metrics(seed_metrics(seed))
     mlflow.set_tag("gradshare.inputs_sha256", manifest["inputs_sha256"])
     mlflow.set_tag("gradshare.seed_model", seed["kind"])
 

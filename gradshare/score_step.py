@@ -83,6 +83,7 @@ def score_study(study: str, parent_run) -> dict:
 def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> dict:
     import mlflow
 
+    from gradshare import metrics as M
     from gradshare.scoring import score_retention, score_test, summarise
 
     print(f"[gradshare] scoring {name} on {len(cases)} test cases and {len(probes)} probes")
@@ -94,12 +95,12 @@ def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> di
         t1 = time.perf_counter()
         ret_rows = score_retention(model, tokenizer, probes, plan, device)
         ret_s = time.perf_counter() - t1
-        metrics = summarise(test_rows, ret_rows) | {"score/test_s": test_s, "score/retention_s": ret_s}
+        metrics = summarise(test_rows, ret_rows) | {M.SCORE_TEST_S: test_s, M.SCORE_RETENTION_S: ret_s}
         mlflow.log_metrics(metrics)
         mlflow.log_text("".join(_line(r) for r in test_rows), "per_case/test.jsonl")
         mlflow.log_text("".join(_line(r) for r in ret_rows), "per_case/retention.jsonl")
-        print(f"[gradshare] {name}: accuracy {metrics['accuracy/overall']:.3f}, retention NLL "
-              f"{metrics['retention/nll_nats']:.4f} nats, {test_s:.1f}s test + {ret_s:.1f}s probes")
+        print(f"[gradshare] {name}: accuracy {metrics[M.ACCURACY_OVERALL]:.3f}, retention NLL "
+              f"{metrics[M.RETENTION_NLL_NATS]:.4f} nats, {test_s:.1f}s test + {ret_s:.1f}s probes")
         return {"run_id": run.info.run_id, **metrics}
 
 

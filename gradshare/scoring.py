@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from gradshare import metrics as M
 from gradshare.data.documents import task_prompt
 from gradshare.data.replay import END
 from gradshare.data.tasks import extract_answer, is_correct
@@ -60,14 +61,8 @@ def score_retention(model, tokenizer, probes: list[dict], plan, device) -> list[
 
 
 def summarise(test_rows: list[dict], retention_rows: list[dict]) -> dict[str, float]:
-    metrics = {}
-    fams = sorted({r["family"] for r in test_rows})
-    for f in fams:
-        sel = [r["correct"] for r in test_rows if r["family"] == f]
-        metrics[f"accuracy/{f}"] = sum(sel) / len(sel)
-    metrics["accuracy/overall"] = sum(r["correct"] for r in test_rows) / len(test_rows)
-    metrics["retention/nll_nats"] = sum(r["nll_nats"] for r in retention_rows) / len(retention_rows)
-    return metrics
+    """A model's score metrics: accuracy by family and overall, mean retention NLL."""
+    return M.score_metrics(test_rows, retention_rows)
 
 
 def scoring_dtype(plan) -> torch.dtype:

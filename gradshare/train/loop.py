@@ -22,9 +22,10 @@ import torch
 import torch.distributed as dist
 
 from gradshare import faults as F
+from gradshare import metrics as M
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
-from gradshare.metering import Clock, host_counters, per_host_delta
+from gradshare.metering import Clock, add_into, gather, host_counters, per_host_delta
 from gradshare.model import collate, token_losses
 from gradshare.plan import Plan
 from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
@@ -41,7 +42,8 @@ class LoopResult:
     tokens: int = 0
     logical_bytes: int = 0
     logical_bytes_post_warmup: int = 0
-    wire: dict = field(default_factory=dict)  # host -> summed deltas
+    wire: dict = field(default_factory=dict)  # host id -> summed deltas of the update windows
+    wire_first: list = field(default_factory=list)  # every rank's counters as update 1 starts
 
 
 def _lr(plan: Plan, update: int) -> float:
@@ -108,7 +110,9 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
         for g in opt.param_groups:
             g["lr"] = _lr(plan, u)
         faults.update_start(u, rank)
-        wire0 = _gather(host_counters(), world)
+        wire0 = gather(host_counters(), world)
+        if u == 1:
+            res.wire_first = wire0  # where the startup phase ends (metering)
         with Clock(sync) as clock:
             local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
             for k, mb in enumerate(mbs):
@@ -140,7 +144,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                                       f"of arm {arm}")
             opt.step()
             opt.zero_grad(set_to_none=True)
-        wire1 = _gather(host_counters(), world)
+        wire1 = gather(host_counters(), world)
         compressed = arm == "powersgd" and u > plan.powersgd.warmup_updates
         step_bytes = 0 if arm == "single" else (psgd_bytes if compressed else dense_bytes)
         res.losses.append(loss)
@@ -151,23 +155,10 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             res.logical_bytes_post_warmup += step_bytes
         if rank == 0:
             hosts = per_host_delta(wire0, wire1)
-            for h, d in hosts.items():
-                acc = res.wire.setdefault(h, {k: 0 for k in d})
-                for k, v in d.items():
-                    acc[k] += v
-            metrics = {
-                "train/loss": loss, "train/grad_norm": grad_norm, "train/lr": _lr(plan, u),
-                "train/target_tokens": n_global,
-                "perf/step_s": clock.seconds, "perf/tokens_per_s": n_tokens / clock.seconds,
-                "perf/gpu_s": clock.seconds * world,
-                "comm/logical_bytes": step_bytes,
-                "comm/wire_tx_bytes": sum(d["wire_tx"] for d in hosts.values()),
-                "comm/wire_rx_bytes": sum(d["wire_rx"] for d in hosts.values()),
-                "comm/loopback_bytes": sum(d["lo_tx"] for d in hosts.values()),
-            }
-            for j, (h, d) in enumerate(sorted(hosts.items())):
-                metrics[f"comm/host{j}/wire_tx_bytes"] = d["wire_tx"]
-                metrics[f"comm/host{j}/wire_rx_bytes"] = d["wire_rx"]
+            add_into(res.wire, hosts)
+            metrics = M.step_metrics(loss=loss, grad_norm=grad_norm, lr=_lr(plan, u), target_tokens=n_global,
+                                     step_s=clock.seconds, tokens=n_tokens, world=world,
+                                     logical_bytes=step_bytes, hosts=hosts)
             if on_step:
                 on_step(u, metrics, update_sha256(update_docs))
             elapsed = time.perf_counter() - t_start
@@ -176,11 +167,3 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     return res
-
-
-def _gather(obj, world: int) -> list:
-    if world == 1:
-        return [obj]
-    out = [None] * world
-    dist.all_gather_object(out, obj)
-    return out

@@ -35,14 +35,17 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from accelerate import Accelerator
 
+    from gradshare import metrics as M
     from gradshare.data.tokenizer import load_tokenizer
     from gradshare.hashing import file_entries, tree_sha256
+    from gradshare.metering import gather, host_counters, ordered_labels, phase_lines, phases
     from gradshare.model import save_model, seed_model
     from gradshare.plan import plan_from_dict
     from gradshare.sources import set_determinism
     from gradshare.train.loop import train
 
     t_wall = time.perf_counter()
+    wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
                            if k != "plan_sha256"})
     accelerator = Accelerator(cpu=plan.hardware.device == "cpu")
@@ -78,34 +81,26 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     log = print if rank == 0 else (lambda *a, **k: None)
     res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log)
 
+    # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
+    starts = gather(wire_start, world)
+    before_ckpt = gather(host_counters(), world)
     if rank == 0:
         t0 = time.perf_counter()
         ckpt = save_model(model, tokenizer, workdir / "checkpoint")
         entries = file_entries(ckpt)
         save_s = time.perf_counter() - t0
-        summary = {
-            "perf/active_s": res.active_s,
-            "perf/active_tokens_per_s": res.tokens / res.active_s,
-            "perf/gpu_s_active": res.active_s * world,
-            "perf/gpu_s_total": (time.perf_counter() - t_wall) * world,
-            "perf/wall_s": time.perf_counter() - t_wall,
-            "perf/tokens_total": res.tokens,
-            "ckpt/save_s": save_s,
-            "ckpt/bytes": sum(e["bytes"] for e in entries),
-            "comm/logical_bytes_total": res.logical_bytes,
-            "comm/logical_bytes_post_warmup": res.logical_bytes_post_warmup,
-            "train/final_loss": res.losses[-1],
-            "world_size": world,
-        }
-        for j, (h, d) in enumerate(sorted(res.wire.items())):
-            summary[f"comm/host{j}/wire_tx_bytes_total"] = d["wire_tx"]
-            summary[f"comm/host{j}/wire_rx_bytes_total"] = d["wire_rx"]
-            summary[f"comm/host{j}/loopback_bytes_total"] = d["lo_tx"]
-        summary["comm/wire_tx_bytes_total"] = sum(d["wire_tx"] for d in res.wire.values())
-        summary["comm/wire_rx_bytes_total"] = sum(d["wire_rx"] for d in res.wire.values())
+    after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
+    if rank == 0:
+        wire = phases(starts, res.wire_first, res.wire, before_ckpt, after_ckpt)
+        summary = M.summary_metrics(
+            active_s=res.active_s, tokens=res.tokens, world=world, wall_s=time.perf_counter() - t_wall,
+            save_s=save_s, ckpt_bytes=sum(e["bytes"] for e in entries), logical_bytes=res.logical_bytes,
+            logical_bytes_post_warmup=res.logical_bytes_post_warmup, final_loss=res.losses[-1], wire=wire)
+        for line in phase_lines(wire, after_ckpt):
+            log(f"[{arm}] {line}")
         (workdir / "summary.json").write_text(json.dumps({
             "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
-            "hosts": sorted(res.wire), "losses": res.losses, "update_sha256": seen}, indent=1))
+            "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}, indent=1))
     accelerator.wait_for_everyone()
 
 
