@@ -1,5 +1,6 @@
 """The report: the verdict table for the terminal, `report.md`, a self-contained
-`report.html` (plots embedded), and the plots as PNG files.
+`report.html` (the same Markdown rendered by python-markdown, plots embedded as data
+URIs), and the plots as PNG files.
 
 Plots: per-family accuracy with normal intervals, the three arms' loss curves,
 per-step throughput, and cumulative wire bytes (logical and measured).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from pathlib import Path
 
 from analysis.collect import StudyRecord
@@ -17,6 +19,11 @@ from gradshare import metrics as M
 
 def _fmt(x, spec=".3f", none="—"):
     return none if x is None else format(x, spec)
+
+
+def _cell(text) -> str:
+    """Free text (a failure reason) as one table cell: a bare `|` would split it."""
+    return "" if text is None else str(text).replace("|", "\\|")
 
 
 def _pp(x):
@@ -171,13 +178,13 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
         acc = a.get("accuracy") or {}
         md.append(f"| {m} | {a.get('status')} | " + " | ".join(_fmt(acc.get(f)) for f in fams) +
                   f" | {_fmt(acc.get('overall'))} | {_fmt(a.get('retention_nll'), '.4f')} | "
-                  f"{a.get('failure_reason') or ''} |")
+                  f"{_cell(a.get('failure_reason'))} |")
     md += ["", "## Paired changes (percentage points, same test cases)", "",
            "| comparison | mean | se | lo | hi | n | McNemar exact p | note |", "|---|---|---|---|---|---|---|---|"]
     for k in v["pairs"]:
         cells = _paired_cells(v[k])
         if cells is None:
-            md.append(f"| {k} | — | — | — | — | 0 | — | {v[k]['reason']} |")
+            md.append(f"| {k} | — | — | — | — | 0 | — | {_cell(v[k]['reason'])} |")
         else:
             mean, se, lo, hi, p = cells
             md.append(f"| {k} | {mean} | {se} | {lo} | {hi} | {v[k]['n']} | {p} | |")
@@ -185,20 +192,21 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "| arm | mean | se | upper (mean + z·se) | n | note |", "|---|---|---|---|---|---|"]
     for arm, r in v["retention_change"].items():
         md.append(f"| {arm} | {_fmt(r['mean'], '+.4f')} | {_fmt(r['se'], '.4f')} | {_fmt(r['upper'], '+.4f')} | "
-                  f"{r['n']} | {r.get('reason', '')} |")
+                  f"{r['n']} | {_cell(r.get('reason'))} |")
     md += ["", "## Cost", "",
            "| arm | GPU-s active | GPU-s total | host-hours | $ | logical bytes | post-warm-up logical | "
-           "wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | checkpoint s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | checkpoint s | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, c in v["cost"].items():
         if not c:
-            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | ({v['arms'][arm]['failure_reason']})")
+            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | "
+                      f"{_cell(v['arms'][arm]['failure_reason'])} |")
             continue
         tx = sum(h["wire_tx_bytes"] for h in c["wire_per_host"])
         md.append(f"| {arm} | {c['gpu_s_active']:.1f} | {c['gpu_s_total']:.1f} | {c['host_hours']:.4f} | "
                   f"{c['usd']:.4f} | {c['logical_bytes']:.3e} | {c['logical_bytes_post_warmup']:.3e} | {tx:.3e} | "
                   f"{c['cross_zone_usd']:.6f} | {c['cross_zone_usd_projected_from_logical']:.6f} | "
-                  f"{c['checkpoint_s']:.2f} |")
+                  f"{c['checkpoint_s']:.2f} | |")
     md += ["", f"**Cost in words:** {v['speed_screen']['cost_words']}.", "",
            "Wire bytes are the hosts' own interface counters (non-loopback) over the whole arm, worker "
            "start to end (start-up with DDP's weight broadcast, the updates, the checkpoint), so they "
@@ -209,52 +217,26 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "column prices the logical volume as if the two planned hosts were in different zones. "
            "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
-           "not in these figures or in the budget line.", "",
-           "## Plots", ""]
+           "not in these figures or in the budget line.", ""]
+    md += ["## Plots", ""]
     md += [f"![{p.stem}]({p.name})" for p in plot_paths]
     return "\n".join(md) + "\n"
 
 
 def to_html(md_text: str, plot_paths: list[Path], title: str) -> str:
-    """A self-contained HTML page: the markdown's tables and text, plots inlined as base64."""
-    body, in_code, in_table = [], False, False
-    for line in md_text.splitlines():
-        if line.startswith("```"):
-            body.append("</pre>" if in_code else "<pre>")
-            in_code = not in_code
-            continue
-        if in_code:
-            body.append(html.escape(line))
-            continue
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= set("-"):
-                continue
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-                body.append("<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cells) + "</tr>")
-            else:
-                body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("!["):
-            name = line[line.index("(") + 1:-1]
-            path = next(p for p in plot_paths if p.name == name)
-            data = base64.b64encode(path.read_bytes()).decode()
-            body.append(f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">')
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('#').strip())}</h{level}>")
-        elif line.strip():
-            text = html.escape(line).replace("**", "")
-            body.append(f"<p>{text}</p>")
-    if in_table:
-        body.append("</table>")
+    """A self-contained HTML page rendered from the report's Markdown, plots inlined as base64."""
+    import markdown as mdlib
+
+    for p in plot_paths:
+        data = base64.b64encode(p.read_bytes()).decode()
+        md_text = re.sub(rf"\]\({re.escape(p.name)}\)", lambda _: f"](data:image/png;base64,{data})", md_text)
+    conv = mdlib.Markdown(extensions=["tables", "fenced_code"])
+    # Failure reasons are text, not markup: "<module>" in a traceback line must show as written.
+    conv.preprocessors.deregister("html_block")
+    conv.inlinePatterns.deregister("html")
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;}table{border-collapse:collapse;"
              "margin:1em 0;}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;}pre{background:#f6f6f6;"
-             "padding:1em;font-size:12px;}img{max-width:100%;display:block;margin:1em 0;}")
+             "padding:1em;font-size:12px;overflow-x:auto;}img{max-width:100%;display:block;margin:1em 0;}"
+             "blockquote{border-left:4px solid #c33;margin:1em 0;padding:0.2em 1em;background:#fff4f4;}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+            f"<style>{style}</style></head><body>\n" + conv.convert(md_text) + "\n</body></html>\n")

@@ -1,4 +1,5 @@
 """`analyze`: verdicts from the tracking store, checked against independent statistics."""
+import base64
 import json
 
 import numpy as np
@@ -82,6 +83,7 @@ def test_the_report_shows_tables_and_self_contained_plots(analysed):
     for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost"):
         assert needle in md and needle in page
     assert page.count("data:image/png;base64,") == 6 and "src=\"http" not in page
+    assert "<table>" in page and "<pre><code>" in page and "**" not in page
     names = {a.path for a in T.client().list_artifacts(run.info.run_id)}
     assert {"accuracy_by_family.png", "loss_curves.png", "throughput.png", "cumulative_wire_bytes.png"} <= names
 
@@ -104,3 +106,21 @@ def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partia
     assert v["cost"]["powersgd"] is None
     md = files["report.md"].read_text()
     assert "| powersgd | FAILED |" in md and "unavailable" in md and "diverged" in md
+
+
+def test_report_html_renders_the_markdown_and_inlines_the_plots(tmp_path):
+    from analysis.report import to_html
+    png = tmp_path / "loss_curves.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    md = ("# Report\n\n> **Randomly initialised seed model.**\n\nplan `abc123`, reason: <module> & more\n\n"
+          "| arm | reason |\n|---|---|\n| dense | a \\| b |\n\n```\nverdict < table\n```\n\n"
+          "![loss_curves](loss_curves.png)\n")
+    page = to_html(md, [png], "t")
+    assert "<blockquote>" in page and "&gt;" not in page.split("<blockquote>")[1].split("</blockquote>")[0]
+    assert "<strong>Randomly initialised seed model.</strong>" in page and "**" not in page
+    assert "<code>abc123</code>" in page and "`" not in page
+    assert "<table>" in page and "<td>a | b</td>" in page
+    assert "&lt;module&gt; &amp; more" in page  # text, not markup
+    assert "<pre><code>verdict &lt; table" in page
+    assert f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"' in page
+    assert "loss_curves.png" not in page
