@@ -29,6 +29,8 @@ class ArmRecord:
     metrics: dict = field(default_factory=dict)
     histories: dict = field(default_factory=dict)  # metric -> [(step, value)]
     hosts: list = field(default_factory=list)
+    # the arm's attempts, oldest first: {"attempt", "run_id", "status", "failure_reason"}
+    attempts: list = field(default_factory=list)
 
 
 @dataclass
@@ -61,7 +63,7 @@ def collect(study: str) -> StudyRecord:
             continue
         run = c.get_run(entry["run_id"])
         rec = ArmRecord(arm, entry["status"], entry["run_id"], entry.get("failure_reason"),
-                        dict(run.data.metrics))
+                        dict(run.data.metrics), attempts=attempts_of(entry))
         if entry["status"] == "FINISHED":
             rec.histories = {k: sorted((m.step, m.value) for m in c.get_metric_history(entry["run_id"], k))
                              for k in STEP_METRICS}
@@ -84,11 +86,24 @@ def collect(study: str) -> StudyRecord:
     return StudyRecord(study, plan, prep.info.run_id, commitment, arms, scores)
 
 
+def attempts_of(entry: dict) -> list[dict]:
+    """The attempts a commitment entry lists; an entry without the list (a commitment made
+    before attempts were recorded) stands for one attempt, itself."""
+    if "attempts" in entry:
+        return [dict(a) for a in entry["attempts"]]
+    return [{"attempt": 1, "run_id": entry["run_id"], "status": entry["status"],
+             "failure_reason": entry.get("failure_reason")}]
+
+
 def _arm_without_commitment(study: str, arm: str) -> ArmRecord:
     runs = T.search(study, "train", arm)
     if not runs:
         return ArmRecord(arm, "UNAVAILABLE", failure_reason="never trained, and the study is not committed")
     last = runs[-1]
-    return ArmRecord(arm, "UNAVAILABLE" if last.info.status != "FAILED" else "FAILED", last.info.run_id,
-                     last.data.tags.get(T.FAILURE) or "the study is not committed: no verdict is possible",
-                     dict(last.data.metrics))
+    rec = ArmRecord(arm, "UNAVAILABLE" if last.info.status != "FAILED" else "FAILED", last.info.run_id,
+                    last.data.tags.get(T.FAILURE) or "the study is not committed: no verdict is possible",
+                    dict(last.data.metrics))
+    # Uncommitted: no sealed list of attempts, only the run this record describes.
+    rec.attempts = [{"attempt": None, "run_id": last.info.run_id, "status": last.info.status,
+                     "failure_reason": last.data.tags.get(T.FAILURE)}]
+    return rec

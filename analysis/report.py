@@ -218,9 +218,22 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
            "not in these figures or in the budget line.", ""]
+    md += _attempts(rec)
     md += ["## Plots", ""]
     md += [f"![{p.stem}]({p.name})" for p in plot_paths]
     return "\n".join(md) + "\n"
+
+
+def _attempts(rec: StudyRecord) -> list[str]:
+    """Every attempt of every arm, failed ones included: a retried arm is visible as such."""
+    md = ["## Attempts", "", "| arm | attempt | run id | status | reason |", "|---|---|---|---|---|"]
+    for arm, a in rec.arms.items():
+        if not a.attempts:
+            md.append(f"| {arm} | — | {a.run_id or '—'} | {a.status} | {_cell(a.failure_reason)} |")
+        for t in a.attempts:
+            md.append(f"| {arm} | {_fmt(t.get('attempt'), '')} | {t.get('run_id') or '—'} | "
+                      f"{t.get('status')} | {_cell(t.get('failure_reason'))} |")
+    return md + [""]
 
 
 def to_html(md_text: str, plot_paths: list[Path], title: str) -> str:

@@ -80,7 +80,7 @@ def test_screens_are_decided_from_the_declared_thresholds(analysed):
 def test_the_report_shows_tables_and_self_contained_plots(analysed):
     _, run, files, _ = analysed
     md, page = files["report.md"].read_text(), files["report.html"].read_text()
-    for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost"):
+    for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost", "Attempts"):
         assert needle in md and needle in page
     assert page.count("data:image/png;base64,") == 6 and "src=\"http" not in page
     assert "<table>" in page and "<pre><code>" in page and "**" not in page
@@ -106,6 +106,33 @@ def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partia
     assert v["cost"]["powersgd"] is None
     md = files["report.md"].read_text()
     assert "| powersgd | FAILED |" in md and "unavailable" in md and "diverged" in md
+    attempts = md[md.index("## Attempts"):md.index("## Plots")]
+    assert any(line.startswith("| dense |") and "FAILED" in line and "diverged" in line
+               for line in attempts.splitlines())
+
+
+def _record(**arms):
+    from analysis.collect import ArmRecord, StudyRecord
+    return StudyRecord("s", None, "prep", None, {a: ArmRecord(a, *v) for a, v in arms.items()}, {})
+
+
+def test_the_attempts_table_lists_every_attempt_of_every_arm():
+    from analysis.collect import attempts_of
+    from analysis.report import _attempts
+    retried = {"arm": "dense", "run_id": "r2", "status": "FINISHED", "attempts": [
+        {"attempt": 1, "run_id": "r1", "status": "FAILED", "failure_reason": "worker hung | timed out"},
+        {"attempt": 2, "run_id": "r2", "status": "FINISHED", "failure_reason": None}]}
+    old = {"arm": "single", "run_id": "r0", "status": "FAILED", "failure_reason": "diverged"}
+    assert attempts_of(old) == [{"attempt": 1, "run_id": "r0", "status": "FAILED", "failure_reason": "diverged"}]
+    rec = _record(single=("FAILED", "r0", "diverged"), dense=("FINISHED", "r2"),
+                  powersgd=("FAILED", "r3", "never started: unavailable"))
+    rec.arms["single"].attempts = attempts_of(old)
+    rec.arms["dense"].attempts = attempts_of(retried)
+    rows = [line for line in _attempts(rec) if line.startswith("| ") and not line.startswith("| arm")]
+    assert rows == ["| single | 1 | r0 | FAILED | diverged |",
+                    "| dense | 1 | r1 | FAILED | worker hung \\| timed out |",
+                    "| dense | 2 | r2 | FINISHED |  |",
+                    "| powersgd | — | r3 | FAILED | never started: unavailable |"]
 
 
 def test_report_html_renders_the_markdown_and_inlines_the_plots(tmp_path):
