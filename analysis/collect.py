@@ -44,12 +44,11 @@ class StudyRecord:
 
 
 def collect(study: str) -> StudyRecord:
-    from gradshare.commit import load_commitment
-    from gradshare.train.driver import load_prepared_plan
+    from gradshare import store
 
-    prep, plan = load_prepared_plan(study)
+    prep, plan = store.prepared_plan(study)
     try:
-        _, commitment = load_commitment(study)
+        _, commitment = store.commitment(study)
     except T.StudyError:
         commitment = None
     c = T.client()

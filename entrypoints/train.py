@@ -24,6 +24,7 @@ def main(argv=None) -> None:
     ap.add_argument("--main-process-port", type=int, default=0)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
+    from gradshare import metrics as M
     from gradshare import tracking as T
     from gradshare.train.driver import Launch, run_arm, run_secondary_host
 
@@ -40,8 +41,8 @@ def main(argv=None) -> None:
         summary = run_arm(args.study, args.arm, run, launch)
         if summary:
             m = summary["metrics"]
-            print(f"[gradshare] arm {args.arm} FINISHED: final loss {m['train/final_loss']:.4f}, "
-                  f"active {m['perf/active_s']:.1f}s, {m['perf/active_tokens_per_s']:,.0f} tok/s, "
+            print(f"[gradshare] arm {args.arm} FINISHED: final loss {m[M.FINAL_LOSS]:.4f}, "
+                  f"active {m[M.ACTIVE_S]:.1f}s, {m[M.ACTIVE_TOKENS_PER_S]:,.0f} tok/s, "
                   f"checkpoint {summary['checkpoint_sha256'][:16]}…")
 
 

@@ -47,6 +47,18 @@ class ArmsPlan:
     """Processes (GPUs) of the `dense` arm: plain DDP all-reduce."""
     powersgd_processes: int = 2
     """Processes (GPUs) of the `powersgd` arm: DDP with the PowerSGD hook."""
+    max_attempts: int = 1
+    """Attempts an arm may make; 1: an arm that failed is never re-run. Every attempt is recorded."""
+    expected_update_s: float = 0.5
+    """Expected seconds per update of the slowest arm on the planned hardware (2-core CPU here)."""
+    startup_s: float = 180.0
+    """Seconds allowed for an arm's start-up (model load, process group) and its checkpoint."""
+    timeout_margin: float = 4.0
+    """An arm is stopped as `timeout` after startup_s + updates x expected_update_s x this margin."""
+
+    def timeout_s(self, updates: int) -> float:
+        """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""
+        return self.startup_s + updates * self.expected_update_s * self.timeout_margin
 
     def processes(self, arm: str) -> int:
         return {"single": self.single_processes, "dense": self.dense_processes,
@@ -159,7 +171,9 @@ class ScreenPlan:
     noninferiority_pp: float = -3.0
     """Quality 3: lower bound of candidate minus each control at least this."""
     speed_ratio: float = 1.10
-    """Speed: candidate active tokens/s at least this times `single`'s."""
+    """Speed: candidate active tokens/s at least this times the baseline arm's."""
+    speed_baseline: str = "single"
+    """The arm whose active throughput the speed screen compares the candidate with."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +248,10 @@ PROFILES: dict[str, dict[str, str]] = {
         "hardware.device": "cuda",
         "hardware.precision": "bf16-autocast",
         "hardware.deterministic": "false",
+        # An L40S update at 32 x 512 tokens plus a 6.9 GB cross-zone exchange is seconds, and
+        # loading or initialising 1.7B parameters and writing 3.4 GB of weights is minutes.
+        "arms.expected_update_s": "8",
+        "arms.startup_s": "1200",
         "scoring.batch_size": "128",
         # The H200 trace of 4 x 512-token micro-batches was bound by kernel launches;
         # 8 documents per micro-batch halves them (not yet measured).
@@ -333,6 +351,13 @@ def validate(plan: Plan) -> Plan:
                 f"arms.{arm}_processes={world} ranks in micro-batches of "
                 f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
                 f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
+    if a.max_attempts < 1:
+        problems.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
+    if a.expected_update_s <= 0 or a.startup_s <= 0 or a.timeout_margin < 1:
+        problems.append("arms.expected_update_s and arms.startup_s must be > 0 and "
+                        "arms.timeout_margin >= 1")
+    if plan.screen.speed_baseline not in a.names:
+        problems.append(f"screen.speed_baseline={plan.screen.speed_baseline!r} is not in arms.names")
     if a.candidate not in a.names:
         problems.append(f"arms.candidate={a.candidate!r} is not in arms.names")
     for c in a.controls:

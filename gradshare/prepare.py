@@ -30,9 +30,6 @@ from gradshare.metrics import seed_metrics
 from gradshare.plan import Plan
 from gradshare.sources import numerical_sources, set_determinism
 
-# Inputs that `train` needs; everything under eval/ stays with `score`.
-TRAIN_INPUTS = ("data/train_tasks.jsonl", "data/replay.jsonl", "schedule.json", "tokenizer", "seed_model")
-
 
 def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
     """Write every input of the study under `out`; returns the manifest."""

@@ -1,4 +1,7 @@
-"""The score step: refuse unless committed, verify every committed byte, then score.
+"""The score step: refuse unless committed, verify every committed byte, claim, then score.
+
+The score is claimed in the study's ledger (`gradshare.claims`): of two scores at once
+exactly one proceeds; the other refuses naming it.
 
 One parent score run for the study, and one nested score run per model (`seed`
 and each committed FINISHED arm) carrying `per_case/test.jsonl`,
@@ -13,28 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from gradshare import claims
+from gradshare import store
 from gradshare import tracking as T
-from gradshare.commit import load_commitment
-from gradshare.hashing import file_entries, read_jsonl, tree_sha256
-
-SCORE_INPUTS = ("eval/test_tasks.jsonl", "eval/probes.jsonl", "tokenizer", "seed_model")
-
-
-def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
-    """Download each committed FINISHED arm's checkpoint; refuse any whose hash moved."""
-    out = {}
-    for entry in commitment["arms"]:
-        if entry["status"] != "FINISHED":
-            continue
-        path = T.download(entry["run_id"], "checkpoint", root / entry["arm"])
-        got = tree_sha256(file_entries(path))
-        if got != entry["checkpoint_sha256"]:
-            raise T.StudyError(
-                f"checkpoint of arm {entry['arm']} (run {entry['run_id']}) hashes to {got[:16]}…, but "
-                f"the commitment sealed {entry['checkpoint_sha256'][:16]}…: it changed after commit; "
-                f"refusing to score")
-        out[entry["arm"]] = path
-    return out
+from gradshare.hashing import read_jsonl
 
 
 def score_study(study: str, parent_run) -> dict:
@@ -43,21 +28,19 @@ def score_study(study: str, parent_run) -> dict:
     from gradshare.data.tokenizer import load_tokenizer
     from gradshare.model import seed_model
     from gradshare.scoring import device_for, load_for_scoring, scoring_dtype
-    from gradshare.train.driver import fetch_verified_inputs, load_prepared_plan
 
-    commit_run, commitment = load_commitment(study)
-    prep, plan = load_prepared_plan(study)
+    prep, plan = store.prepared_plan(study)
+    commit_run, commitment = store.commitment(study)
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.commit_run_id": commit_run.info.run_id})
     if commitment["plan_sha256"] != plan.sha256():
         raise T.StudyError("the commitment belongs to another plan than the prepare run's")
     tmp = Path(tempfile.mkdtemp(prefix="gradshare-score-"))
     try:
-        inputs = fetch_verified_inputs(prep, plan, tmp, SCORE_INPUTS)
-        ckpts = verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
-        done = [r for r in T.finished_score_steps(study) if r.info.run_id != parent_run.info.run_id]
-        if done:
-            raise T.StudyError(f"study {study!r} is already scored (run {done[0].info.run_id}); scores are "
-                               f"made once per commitment")
+        inputs = store.verified_inputs(prep, plan, tmp, store.SCORE_INPUTS)
+        ckpts = store.verified_checkpoints(commitment, tmp / "checkpoints")  # every hash before any score
+        # Checked before the claim, so that a moved byte is reported even on a scored study.
+        index = claims.append(prep.info.run_id, "score", None, parent_run.info.run_id)
+        claims.decide_score(claims.entries(prep.info.run_id, before=index))
         tokenizer = load_tokenizer(inputs / "tokenizer")
         cases = read_jsonl(inputs / "eval/test_tasks.jsonl")
         probes = read_jsonl(inputs / "eval/probes.jsonl")

@@ -18,10 +18,16 @@ T = "gradshare."  # tag namespace
 STUDY, STEP, PLAN_SHA, ARM = T + "study", T + "step", T + "plan_sha256", T + "arm"
 EXPERIMENT_KIND = "mlflow.experimentKind"
 FAILURE, CKPT_SHA, COMMITTED = T + "failure_reason", T + "checkpoint_sha256", T + "committed"
+REFUSAL, ATTEMPT, CLAIM = T + "refusal", T + "attempt", T + "claim"
 
 
 class StudyError(RuntimeError):
-    """A refusal a user can act on: the message says what was wrong and what to do."""
+    """A failure a user can act on: the message says what was wrong and what to do."""
+
+
+class Refusal(StudyError):
+    """The step was refused before it did any work (already done, committed, not allowed):
+    its run is tagged `gradshare.refusal=true` and is not an attempt of anything."""
 
 
 def setup(study: str):
@@ -131,7 +137,7 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
         reason = "stopped by the user (interrupt)" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
         try:
-            mlflow.set_tag(FAILURE, reason)
+            mlflow.set_tags({FAILURE: reason} | ({REFUSAL: "true"} if isinstance(exc, Refusal) else {}))
         finally:
             if not isinstance(exc, StudyError):
                 traceback.print_exc()

@@ -132,16 +132,21 @@ def test_a_nan_loss_ends_the_run_failed_with_a_reason(failing_study):
 
 def test_an_arm_that_would_overlap_a_running_arm_is_refused(failing_study):
     import mlflow
+    from gradshare import claims
     c = T.client()
     exp = mlflow.get_experiment_by_name(failing_study)
     other = c.create_run(exp.experiment_id, tags={T.STUDY: failing_study, T.STEP: "train", T.ARM: "single"})
+    # a running arm as train leaves it: a RUNNING run holding its claim in the study's ledger
+    claims.append(T.prepare_run(failing_study).info.run_id, "train", "single", other.info.run_id)
     try:
         proc = run_entry("train", "--study", failing_study, "--arm", "powersgd", check=False)
     finally:
+        c.set_tag(other.info.run_id, T.REFUSAL, "true")  # the stand-in was no attempt of single
         c.set_terminated(other.info.run_id, "KILLED")
     assert proc.returncode != 0
     [run] = T.search(failing_study, "train", "powersgd")
     assert run.info.status == "FAILED" and "never overlapping" in run.data.tags[T.FAILURE]
+    assert other.info.run_id in run.data.tags[T.FAILURE] and run.data.tags[T.REFUSAL] == "true"
 
 
 def test_an_arm_with_too_few_devices_ends_failed_with_a_reason(mlflow_server):

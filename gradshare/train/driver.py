@@ -1,17 +1,21 @@
-"""The train step around the worker processes: refuse, fetch and verify, launch, record.
+"""The train step around the worker processes: claim, fetch and verify, launch, record.
 
-Runs inside the arm's MLflow run (see `entrypoints.train`). It refuses a candidate
-once the study is committed and an arm that would overlap another running arm,
-downloads only the inputs training needs from the prepare run (never the test set),
-checks every byte against the registered manifest, launches the worker processes
-with `accelerate launch`, and records the summary, the step-128 checkpoint and its
-SHA-256.
+Runs inside the arm's MLflow run (see `entrypoints.train`). Refusals come first and
+cost nothing (a machine without the devices, a bad launch): the run is tagged a
+refusal, not an attempt. Then the arm is claimed in the study's ledger
+(`gradshare.claims`), which refuses once the study is committed, while another arm
+runs, after the arm finished, or when the plan's `arms.max_attempts` are used up; a
+claim that succeeds is attempt N of the arm (tag `gradshare.attempt`). Only then are
+the train inputs (never the test set) downloaded and checked byte for byte against the
+manifest, the worker processes launched with `accelerate launch` and waited for at most
+the plan's timeout, and the summary, the step-128 checkpoint and its SHA-256 recorded.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,10 +23,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gradshare import claims
+from gradshare import store
 from gradshare import tracking as T
-from gradshare.hashing import file_entries, sha256_file, sha256_text, tree_sha256
-from gradshare.plan import Plan, plan_from_dict
-from gradshare.prepare import TRAIN_INPUTS
+from gradshare.hashing import sha256_text
+from gradshare.plan import Plan
+
+# Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
+STOP_GRACE_S = 10
 
 
 @dataclass(frozen=True)
@@ -34,54 +42,6 @@ class Launch:
     main_process_port: int = 0  # 0: pick a free port (one host only)
 
 
-def load_prepared_plan(study: str) -> tuple[object, Plan]:
-    """The study's prepare run and its plan, checked against the run's plan hash tag."""
-    prep = T.prepare_run(study)
-    path = T.download(prep.info.run_id, "plan.json")
-    raw = json.loads(Path(path).read_text())
-    registered = raw.pop("plan_sha256")
-    plan = plan_from_dict(raw)
-    if plan.sha256() != registered or prep.data.tags.get(T.PLAN_SHA) != registered:
-        raise T.StudyError(f"plan.json of prepare run {prep.info.run_id} does not hash to its registered "
-                           f"plan_sha256; the study's inputs cannot be trusted: prepare a new study")
-    return prep, plan
-
-
-def fetch_verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Path:
-    """Download `wanted` inputs of the prepare run `prep`; refuse on any byte the manifest
-    does not register, and on a local seed model whose files differ from it."""
-    manifest = json.loads(T.download(prep.info.run_id, "inputs/manifest.json", workdir).read_text())
-    if manifest["plan_sha256"] != plan.sha256():
-        raise T.StudyError("inputs/manifest.json belongs to another plan: prepare a new study")
-    registered = prep.data.tags.get("gradshare.inputs_sha256")
-    if tree_sha256(manifest["files"]) != manifest["inputs_sha256"] or manifest["inputs_sha256"] != registered:
-        raise T.StudyError(f"inputs/manifest.json of prepare run {prep.info.run_id} does not hash to the "
-                           f"registered gradshare.inputs_sha256; refusing unregistered inputs")
-
-    def chosen(path: str) -> bool:
-        return any(path == w or path.startswith(w + "/") for w in wanted)
-
-    entries = {e["path"]: e for e in manifest["files"] if chosen(e["path"])}
-    root = workdir / "inputs"
-    for w in wanted:  # seed_model/ exists only where prepare built the seed model
-        if any(p == w or p.startswith(w + "/") for p in entries):
-            # MLflow places the artifact's last path component directly under dst.
-            T.download(prep.info.run_id, f"inputs/{w}", root / Path(w).parent)
-    got = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    bad = sorted((set(entries) ^ got) | {p for p in set(entries) & got
-                                         if sha256_file(root / p) != entries[p]["sha256"]})
-    if bad:
-        raise T.StudyError(f"input hash mismatch for {', '.join(bad[:5])}: these files differ from the "
-                           f"prepare run's manifest; refusing to train on unregistered inputs")
-    seed = manifest["seed_model"]
-    if seed["kind"] == "local-hf" and "seed_model" in wanted:
-        local = file_entries(seed["path"]) if Path(seed["path"]).is_dir() else []
-        if local != seed["files"]:
-            raise T.StudyError(f"the local seed model {seed['path']} differs from the files prepare "
-                               f"registered; refusing to use it")
-    return root
-
-
 def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
     import torch
 
@@ -89,30 +49,22 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
     if plan.hardware.device != "cuda":
         return
     if need % launch.num_machines:
-        raise T.StudyError(f"arm {arm} needs {need} GPUs, which do not split over "
-                           f"{launch.num_machines} machines")
+        raise T.Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
+                        f"{launch.num_machines} machines")
     per_host, have = need // launch.num_machines, torch.cuda.device_count()
     if have < per_host:
-        raise T.StudyError(
+        raise T.Refusal(
             f"arm {arm} needs {need} CUDA device(s) ({per_host} on this host with num_machines="
             f"{launch.num_machines}), found {have}: run it on a host with {per_host} GPU(s) or pass "
             f"the second host with -P num_machines=2 -P main_process_ip=HOST")
 
 
-def check_may_start(study: str, arm: str, own_run_id: str, plan: Plan) -> None:
+def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
+    """Take the arm's start in the study's ledger; returns the attempt number or refuses."""
     if arm not in plan.arms.names:
-        raise T.StudyError(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
-    done = [r.info.run_id for r in T.search(study, "train", arm, status="FINISHED") if r.data.tags.get(T.CKPT_SHA)]
-    if done:
-        raise T.StudyError(f"arm {arm} of study {study!r} already finished (run {done[0]}); each arm trains "
-                           f"once, nothing is re-run behind the plan")
-    if T.is_committed(study):
-        raise T.StudyError(f"study {study!r} is committed: its candidates are sealed and no new "
-                           f"train run may start; prepare a new study to train again")
-    running = [r.info.run_id for r in T.search(study, "train", status="RUNNING") if r.info.run_id != own_run_id]
-    if running:
-        raise T.StudyError(f"another arm of study {study!r} is running (run {running[0]}); arms run one "
-                           f"after another, never overlapping: wait for it or stop it")
+        raise T.Refusal(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
+    index = claims.append(prep.info.run_id, "train", arm, own_run_id)
+    return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
 
 
 def free_port() -> int:
@@ -139,10 +91,52 @@ def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Lau
                   "--run-id", run_id]
 
 
+def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
+    """End a process and every descendant: SIGTERM, then SIGKILL after `grace_s`.
+
+    The descendants are listed before anything is signalled: torch's elastic launcher
+    starts each rank in a session of its own, so a process-group kill would miss them, and
+    a rank whose launcher has died is re-parented away from this tree.
+    """
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
 def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch) -> None:
     cmd = launch_command(plan, arm, workdir, run_id, launch)
-    print("[gradshare] launching:", " ".join(cmd), flush=True)
-    rc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1")).returncode
+    limit = plan.arms.timeout_s(plan.schedule.updates)
+    print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        rc = proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc.pid)
+        a = plan.arms
+        raise T.StudyError(
+            f"timeout: arm {arm} did not finish within {limit:.0f}s (arms.startup_s {a.startup_s:g} + "
+            f"{plan.schedule.updates} updates x arms.expected_update_s {a.expected_update_s:g} x "
+            f"arms.timeout_margin {a.timeout_margin:g}); every rank was stopped. A rank hung or the "
+            f"hardware is slower than planned: raise arms.expected_update_s at prepare") from None
+    finally:  # an interrupt or error in this process must not leave ranks behind
+        if proc.poll() is None:
+            stop_tree(proc.pid)
     if rc != 0:
         reasons = [p.read_text().strip() for p in sorted(workdir.glob("failure.rank*.txt"))]
         raise T.StudyError(reasons[0] if reasons else
@@ -151,31 +145,34 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
 
 
 def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
-    workdir = fetch_verified_inputs(prep, plan, tmp)
+    workdir = store.verified_inputs(prep, plan, tmp, store.TRAIN_INPUTS)
     (workdir / "plan.json").write_text(json.dumps(plan.to_dict() | {"plan_sha256": plan.sha256()}))
     return workdir
 
 
 def check_launch(launch: Launch) -> None:
     if launch.num_machines > 1 and launch.main_process_port == 0:
-        raise T.StudyError("with num_machines > 1 every host must name the same main_process_port: "
+        raise T.Refusal("with num_machines > 1 every host must name the same main_process_port: "
                            "pass -P main_process_port=PORT on each host")
     if not 0 <= launch.machine_rank < launch.num_machines:
-        raise T.StudyError(f"machine_rank={launch.machine_rank} is not in 0..{launch.num_machines - 1}")
+        raise T.Refusal(f"machine_rank={launch.machine_rank} is not in 0..{launch.num_machines - 1}")
 
 
 def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
     """The whole train step for one arm inside its MLflow run (machine rank 0)."""
     import mlflow
 
-    prep, plan = load_prepared_plan(study)
+    prep, plan = store.prepared_plan(study)
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
     check_launch(launch)
-    check_may_start(study, arm, run.info.run_id, plan)
+    check_devices(plan, arm, launch)
+    attempt = claim_arm(prep, plan, arm, run.info.run_id)
+    mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
+    print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
     mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
                        "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-                       "main_process_ip": launch.main_process_ip})
-    check_devices(plan, arm, launch)
+                       "main_process_ip": launch.main_process_ip, "attempt": attempt,
+                       "timeout_s": plan.arms.timeout_s(plan.schedule.updates)})
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
     try:
         workdir = _verified_workdir(prep, plan, tmp)
@@ -195,7 +192,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
     """Machine rank > 0 of a multi-host arm: verified inputs and workers, no MLflow run of its
     own (rank 0's run records the arm; this host's wire bytes reach it through the group)."""
-    prep, plan = load_prepared_plan(study)
+    prep, plan = store.prepared_plan(study)
     check_launch(launch)
     check_devices(plan, arm, launch)
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-host{launch.machine_rank}-"))

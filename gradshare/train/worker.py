@@ -33,7 +33,10 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
 
 
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
+    from datetime import timedelta
+
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     from gradshare import metrics as M
     from gradshare.data.tokenizer import load_tokenizer
@@ -48,7 +51,11 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
                            if k != "plan_sha256"})
-    accelerator = Accelerator(cpu=plan.hardware.device == "cpu")
+    # A rank waits for its peers at most as long as the launcher waits for the arm: a dead or
+    # hung peer ends this rank with an error instead of a wait forever.
+    limit = timedelta(seconds=plan.arms.timeout_s(plan.schedule.updates))
+    accelerator = Accelerator(cpu=plan.hardware.device == "cpu",
+                              kwargs_handlers=[InitProcessGroupKwargs(timeout=limit)])
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     expected = plan.arms.processes(arm)
     if world != expected:

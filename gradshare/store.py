@@ -1,0 +1,105 @@
+"""Reading a study back from the tracking store: the one way every step gets what an
+earlier step registered — the prepared plan, the verified inputs, the commitment and
+the committed checkpoints. Each reader checks what it reads against the hash that was
+registered with it and refuses, naming the run, when they differ.
+
+    prep, plan = store.prepared_plan(study)
+    inputs = store.verified_inputs(prep, plan, workdir, store.TRAIN_INPUTS)
+    commit_run, commitment = store.commitment(study)
+    ckpts = store.verified_checkpoints(commitment, workdir / "checkpoints")
+
+Writing (runs, tags, claims) lives in `gradshare.tracking` and `gradshare.claims`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gradshare import tracking as T
+from gradshare.hashing import file_entries, sha256_file, tree_sha256
+from gradshare.plan import Plan, plan_from_dict
+
+# What each step may read of the prepare run's inputs: train never sees the test set.
+TRAIN_INPUTS = ("data/train_tasks.jsonl", "data/replay.jsonl", "schedule.json", "tokenizer", "seed_model")
+SCORE_INPUTS = ("eval/test_tasks.jsonl", "eval/probes.jsonl", "tokenizer", "seed_model")
+
+
+def prepared_plan(study: str) -> tuple[object, Plan]:
+    """The study's prepare run and its plan, checked against the run's plan hash tag."""
+    prep = T.prepare_run(study)
+    path = T.download(prep.info.run_id, "plan.json")
+    raw = json.loads(Path(path).read_text())
+    registered = raw.pop("plan_sha256")
+    plan = plan_from_dict(raw)
+    if plan.sha256() != registered or prep.data.tags.get(T.PLAN_SHA) != registered:
+        raise T.StudyError(f"plan.json of prepare run {prep.info.run_id} does not hash to its registered "
+                           f"plan_sha256; the study's inputs cannot be trusted: prepare a new study")
+    return prep, plan
+
+
+def verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Path:
+    """Download `wanted` inputs of the prepare run `prep`; refuse on any byte the manifest
+    does not register, and on a local seed model whose files differ from it."""
+    manifest = json.loads(T.download(prep.info.run_id, "inputs/manifest.json", workdir).read_text())
+    if manifest["plan_sha256"] != plan.sha256():
+        raise T.StudyError("inputs/manifest.json belongs to another plan: prepare a new study")
+    registered = prep.data.tags.get("gradshare.inputs_sha256")
+    if tree_sha256(manifest["files"]) != manifest["inputs_sha256"] or manifest["inputs_sha256"] != registered:
+        raise T.StudyError(f"inputs/manifest.json of prepare run {prep.info.run_id} does not hash to the "
+                           f"registered gradshare.inputs_sha256; refusing unregistered inputs")
+
+    def chosen(path: str) -> bool:
+        return any(path == w or path.startswith(w + "/") for w in wanted)
+
+    entries = {e["path"]: e for e in manifest["files"] if chosen(e["path"])}
+    root = workdir / "inputs"
+    for w in wanted:  # seed_model/ exists only where prepare built the seed model
+        if any(p == w or p.startswith(w + "/") for p in entries):
+            # MLflow places the artifact's last path component directly under dst.
+            T.download(prep.info.run_id, f"inputs/{w}", root / Path(w).parent)
+    got = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    bad = sorted((set(entries) ^ got) | {p for p in set(entries) & got
+                                         if sha256_file(root / p) != entries[p]["sha256"]})
+    if bad:
+        raise T.StudyError(f"input hash mismatch for {', '.join(bad[:5])}: these files differ from the "
+                           f"prepare run's manifest; refusing to use unregistered inputs")
+    seed = manifest["seed_model"]
+    if seed["kind"] == "local-hf" and "seed_model" in wanted:
+        local = file_entries(seed["path"]) if Path(seed["path"]).is_dir() else []
+        if local != seed["files"]:
+            raise T.StudyError(f"the local seed model {seed['path']} differs from the files prepare "
+                               f"registered; refusing to use it")
+    return root
+
+
+def commit_run(study: str):
+    """The study's FINISHED commit run, or None."""
+    runs = T.search(study, "commit", status="FINISHED")
+    return runs[0] if runs else None
+
+
+def commitment(study: str) -> tuple[object, dict]:
+    """The study's commit run and its commitment, or a refusal that says to commit first."""
+    run = commit_run(study)
+    if run is None:
+        raise T.Refusal(f"study {study!r} is not committed: no test case is scored before every "
+                        f"candidate is sealed. Run `mlflow run . -e commit --env-manager local "
+                        f"-P study={study}` first")
+    return run, json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+
+
+def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
+    """Download each committed FINISHED arm's checkpoint; refuse any whose hash moved."""
+    out = {}
+    for entry in commitment["arms"]:
+        if entry["status"] != "FINISHED":
+            continue
+        path = T.download(entry["run_id"], "checkpoint", root / entry["arm"])
+        got = tree_sha256(file_entries(path))
+        if got != entry["checkpoint_sha256"]:
+            raise T.StudyError(
+                f"checkpoint of arm {entry['arm']} (run {entry['run_id']}) hashes to {got[:16]}…, but "
+                f"the commitment sealed {entry['checkpoint_sha256'][:16]}…: it changed after commit; "
+                f"refusing to score")
+        out[entry["arm"]] = path
+    return out

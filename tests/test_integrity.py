@@ -1,0 +1,216 @@
+"""The record is complete: every attempt kept, claims that cannot race, arms that cannot hang."""
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from gradshare import claims
+from gradshare import tracking as T
+from gradshare.plan import load_plan
+from tests.conftest import REPO, overrides, run_entry
+
+# A tight but honest time limit for the small plan: 60 s of start-up and checkpoint, and
+# 8 updates x 1 s x 2. Small arms take ~15 s on 2 cores.
+TIMED = {"arms.startup_s": "60", "arms.expected_update_s": "1", "arms.timeout_margin": "2"}
+
+
+def _prepare(study: str, extra: dict | None = None) -> str:
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1", **(extra or {})}))
+    return study
+
+
+def _train(study, arm, env=None, check=False):
+    return run_entry("train", "--study", study, "--arm", arm, env=env, check=check)
+
+
+def _entry(index, step, arm, status, refusal=False, run_id=None):
+    return claims.Entry(index, step, arm, run_id or f"r{index}", status, refusal, None)
+
+
+# -- the decisions, on ledgers written out by hand ---------------------------------------
+
+def test_a_failed_arm_is_not_re_run_when_the_plan_allows_one_attempt():
+    prefix = [_entry(1, "train", "dense", "FAILED")]
+    with pytest.raises(T.Refusal, match="used its 1 attempt"):
+        claims.decide_train(prefix, "dense", max_attempts=1)
+    assert claims.decide_train(prefix, "dense", max_attempts=2) == 2
+    assert claims.decide_train(prefix, "single", max_attempts=1) == 1
+
+
+def test_refusals_are_not_attempts_and_hold_nothing():
+    prefix = [_entry(1, "train", "dense", "FAILED", refusal=True),
+              _entry(2, "commit", None, "FAILED", refusal=True)]
+    assert claims.decide_train(prefix, "dense", max_attempts=1) == 1
+    claims.decide_commit(prefix)  # the refused commit does not count as a commitment
+
+
+def test_the_earlier_of_two_claims_wins_and_the_later_names_it():
+    first = _entry(1, "commit", None, "RUNNING", run_id="winner")
+    claims.decide_commit([])  # the first claimant sees nothing before it
+    with pytest.raises(T.Refusal, match="being committed by run winner"):
+        claims.decide_commit([first])
+    with pytest.raises(T.Refusal, match="is being committed"):
+        claims.decide_train([first], "powersgd", 1)
+    with pytest.raises(T.Refusal, match="arm dense is still running"):
+        claims.decide_commit([_entry(1, "train", "dense", "RUNNING")])
+    with pytest.raises(T.Refusal, match="never overlapping"):
+        claims.decide_train([_entry(1, "train", "dense", "RUNNING")], "single", 1)
+
+
+def test_score_needs_a_finished_commitment_and_happens_once():
+    with pytest.raises(T.Refusal, match="not committed"):
+        claims.decide_score([_entry(1, "commit", None, "RUNNING")])
+    done = _entry(1, "commit", None, "FINISHED")
+    claims.decide_score([done])
+    with pytest.raises(T.Refusal, match="being scored by run r2"):
+        claims.decide_score([done, _entry(2, "score", None, "RUNNING")])
+
+
+# -- the ledger on a real tracking server --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def race_study(mlflow_server):
+    return _prepare("race-study")
+
+
+def test_simultaneous_claims_get_distinct_places_in_the_ledger(race_study):
+    import mlflow
+    prep = T.prepare_run(race_study).info.run_id
+    exp = mlflow.get_experiment_by_name(race_study).experiment_id
+    ids = [T.client().create_run(exp, tags={T.STUDY: race_study}).info.run_id for _ in range(6)]
+    got, start = {}, threading.Barrier(len(ids))
+
+    def claim(run_id):
+        start.wait()  # all six write at once
+        got[run_id] = claims.append(prep, "probe", None, run_id)
+
+    threads = [threading.Thread(target=claim, args=(r,)) for r in ids]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    for r in ids:
+        T.client().set_terminated(r, "FAILED")
+        T.client().set_tag(r, T.REFUSAL, "true")  # probes, not steps of the study
+    assert sorted(got) == sorted(ids) and len(set(got.values())) == len(ids)
+    ledger = {e.run_id: e.index for e in claims.entries(prep)}
+    assert all(ledger[r] == got[r] for r in ids)  # what each claimant was told is what the store holds
+
+
+def _concurrently(step: str, study: str, n: int = 2) -> list[subprocess.CompletedProcess]:
+    procs = [subprocess.Popen([sys.executable, "-m", f"entrypoints.{step}", "--study", study], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    return [(p, *p.communicate(timeout=600)) for p in procs]
+
+
+def test_two_concurrent_commits_one_succeeds_the_other_refuses_naming_it(race_study):
+    results = _concurrently("commit", race_study)
+    assert sorted(p.returncode for p, *_ in results) == [0, 1]
+    [winner] = T.search(race_study, "commit", status="FINISHED")
+    [loser] = T.search(race_study, "commit", status="FAILED")
+    assert winner.info.run_id in loser.data.tags[T.FAILURE]
+    assert loser.data.tags[T.REFUSAL] == "true"
+
+
+def test_two_concurrent_scores_one_succeeds_the_other_refuses_naming_it(race_study):
+    if not T.search(race_study, "commit", status="FINISHED"):
+        run_entry("commit", "--study", race_study)
+    results = _concurrently("score", race_study)
+    assert sorted(p.returncode for p, *_ in results) == [0, 1], [e[-1][-2000:] for e in results]
+    [winner] = T.finished_score_steps(race_study)
+    [loser] = [r for r in T.search(race_study, "score", status="FAILED") if T.ARM not in r.data.tags]
+    assert winner.info.run_id in loser.data.tags[T.FAILURE]
+    assert len(T.search(race_study, "score", "seed", status="FINISHED")) == 1  # scored once
+
+
+# -- attempts ------------------------------------------------------------------------------
+
+def test_with_the_default_plan_a_failed_arm_cannot_be_re_run(mlflow_server):
+    study = _prepare("one-attempt")
+    assert load_plan("tiny").arms.max_attempts == 1
+    _train(study, "single", env={"GRADSHARE_INJECT_NAN_AT": "2"})
+    proc = _train(study, "single")
+    assert proc.returncode != 0
+    runs = T.search(study, "train", "single")
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
+    first, refused = runs
+    assert first.data.tags[T.ATTEMPT] == "1" and "diverged" in first.data.tags[T.FAILURE]
+    assert refused.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in refused.data.tags
+    assert "used its 1 attempt" in refused.data.tags[T.FAILURE] and first.info.run_id in refused.data.tags[T.FAILURE]
+
+
+@pytest.fixture(scope="module")
+def two_attempts(mlflow_server):
+    """dense fails then finishes; single fails twice and is refused a third time; then committed."""
+    study = _prepare("two-attempts", {"arms.max_attempts": "2"})
+    nan = {"GRADSHARE_INJECT_NAN_AT": "2"}
+    _train(study, "dense", env=nan)
+    _train(study, "dense", check=True)
+    _train(study, "single", env=nan)
+    _train(study, "single", env=nan)
+    third = _train(study, "single")
+    run_entry("commit", "--study", study)
+    run_entry("analyze", "--study", study)
+    return study, third
+
+
+def _commitment(study, tmp_path):
+    [run] = T.search(study, "commit", status="FINISHED")
+    return json.loads(T.download(run.info.run_id, "commitment.json", tmp_path).read_text())
+
+
+def test_a_second_attempt_and_the_first_both_appear_in_the_commitment(two_attempts, tmp_path):
+    study, third = two_attempts
+    c = {e["arm"]: e for e in _commitment(study, tmp_path)["arms"]}
+    dense = c["dense"]
+    assert [(a["attempt"], a["status"]) for a in dense["attempts"]] == [(1, "FAILED"), (2, "FINISHED")]
+    assert "diverged" in dense["attempts"][0]["failure_reason"]
+    assert dense["status"] == "FINISHED" and dense["run_id"] == dense["attempts"][1]["run_id"]
+    assert dense["checkpoint_sha256"] == dense["attempts"][1]["checkpoint_sha256"]
+    single = c["single"]
+    assert [(a["attempt"], a["status"]) for a in single["attempts"]] == [(1, "FAILED"), (2, "FAILED")]
+    assert single["status"] == "FAILED" and single["run_id"] == single["attempts"][1]["run_id"]
+    assert third.returncode != 0 and "used its 2 attempt" in third.stderr
+    assert c["powersgd"]["attempts"] == [] and "unavailable" in c["powersgd"]["failure_reason"]
+
+
+def test_the_report_shows_every_attempt(two_attempts, tmp_path):
+    study, _ = two_attempts
+    [run] = T.search(study, "analyze", status="FINISHED")
+    report = T.download(run.info.run_id, "report.md", tmp_path).read_text()
+    c = {e["arm"]: e for e in _commitment(study, tmp_path / "c")["arms"]}
+    for arm in ("dense", "single"):
+        for a in c[arm]["attempts"]:
+            assert a["run_id"] in report, (arm, a)
+    verdicts = json.loads(T.download(run.info.run_id, "verdicts.json", tmp_path).read_text())
+    assert len(verdicts["arms"]["dense"]["attempts"]) == 2
+
+
+# -- time limits ---------------------------------------------------------------------------
+
+def _worker_processes(run_id: str) -> list:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "gradshare.train.worker" in cmd and run_id in cmd:
+            out.append(p)
+    return out
+
+
+def test_a_rank_that_sleeps_forever_ends_the_arm_failed_with_reason_timeout(mlflow_server):
+    study = _prepare("hang-study", TIMED)
+    plan = load_plan("tiny", {**TIMED})
+    limit = plan.arms.timeout_s(8)  # the small plan's 8 updates
+    t0 = time.monotonic()
+    proc = _train(study, "dense", env={"GRADSHARE_INJECT_HANG_AT": "3:1"})
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    [run] = T.search(study, "train", "dense")
+    assert run.info.status == "FAILED"
+    reason = run.data.tags[T.FAILURE]
+    assert reason.startswith("timeout:") and f"{limit:.0f}s" in reason, reason
+    # Not a speed goal: the arm must end at its limit, not whenever the hang would have ended.
+    assert took < limit + 120, (took, limit)
+    assert _worker_processes(run.info.run_id) == []
