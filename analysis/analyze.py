@@ -29,6 +29,13 @@ def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
     return v, out
 
 
+def screen_word(screen: dict) -> str:
+    """The screen's tag: pass, fail, not-applicable (e.g. random seed weights) or null (an arm missing)."""
+    if screen["pass"] is None:
+        return "not-applicable" if screen.get("status") == "not-applicable" else "null"
+    return "pass" if screen["pass"] else "fail"
+
+
 def log_analysis(v: dict, out: Path) -> None:
     import mlflow
 
@@ -38,7 +45,7 @@ def log_analysis(v: dict, out: Path) -> None:
     mlflow.set_tag(T.PLAN_SHA, v["plan_sha256"])
     mlflow.log_artifacts(str(out))
     for name, screen in (("quality_screen", v["quality_screen"]), ("speed_screen", v["speed_screen"])):
-        mlflow.set_tag(f"gradshare.{name}", {True: "pass", False: "fail", None: "null"}[screen["pass"]])
+        mlflow.set_tag(f"gradshare.{name}", screen_word(screen))
     mlflow.log_metrics(paired_metrics(v))
 
 

@@ -1,16 +1,19 @@
 """The verdicts: accuracy, paired changes, retention, the two screens and the cost.
 
-Every comparison pairs per-case results on case ids (`analysis.stats`). A screen
-whose inputs are missing (an arm failed or was unavailable) is `pass: null` with the
-reason, never true or false. Accuracy changes are fractions in the statistics and
-percentage points (pp) in the screens, which the plan declares in pp.
+Every comparison pairs per-case results on case ids (`analysis.stats`). Whether a
+screen may be decided at all is `analysis.preconditions`' answer alone: where it is
+not (an arm failed or was unavailable, or the seed model is random weights), the
+screen is `pass: null` with the reason and its `status`, never true or false.
+Accuracy changes are fractions in the statistics and percentage points (pp) in the
+screens, which the plan declares in pp.
 """
 from __future__ import annotations
 
 from analysis.collect import StudyRecord
+from analysis.preconditions import Precondition, preconditions
 from analysis.stats import accuracy_by_family, mcnemar_exact_p, paired_change, retention_change
+from gradshare import metrics as M
 from gradshare.cost import arm_cost, cost_words, study_budget
-
 
 
 def pairs(plan) -> list[tuple[str, str]]:
@@ -27,8 +30,10 @@ def compute(rec: StudyRecord) -> dict:
 
     arms = {"seed": {"status": "FINISHED" if "seed" in rec.scores else "UNAVAILABLE",
                      "failure_reason": None if "seed" in rec.scores else "not scored: the study is not scored"}}
+    committed = {e["arm"]: e for e in (rec.commitment or {}).get("arms", [])}
     for name, a in rec.arms.items():
-        arms[name] = {"status": a.status, "failure_reason": a.failure_reason, "run_id": a.run_id}
+        arms[name] = {"status": a.status, "failure_reason": a.failure_reason, "run_id": a.run_id,
+                      "attempts": (committed.get(name) or {}).get("attempts", [])}
     for name, entry in arms.items():
         s = rec.scores.get(name)
         entry["accuracy"] = accuracy_by_family(s["test"]) if s else None
@@ -55,12 +60,13 @@ def compute(rec: StudyRecord) -> dict:
 
     costs = {arm: (arm_cost(plan, arm, a.metrics, a.hosts) if a.status == "FINISHED" else None)
              for arm, a in rec.arms.items()}
+    pre = preconditions(rec)
     return {
         "study": rec.study, "plan_sha256": plan.sha256(), "z": z, "candidate": cand,
         "controls": list(plan.arms.controls), "arms": arms, "pairs": list(paired), **paired,
         "retention_change": retention,
-        "quality_screen": quality_screen(plan, rec, paired, retention),
-        "speed_screen": speed_screen(plan, rec, costs),
+        "quality_screen": quality_screen(plan, pre["quality_screen"], paired, retention),
+        "speed_screen": speed_screen(plan, pre["speed_screen"], rec, costs),
         "cost": costs, "budget": study_budget(plan, costs),
         "seed_model": rec.plan.model.source,
     }
@@ -77,13 +83,14 @@ def _missing(rec: StudyRecord, *models: str) -> str:
     return "; ".join(reasons) or "missing"
 
 
-def quality_screen(plan, rec, paired, retention) -> dict:
+def _undecided(pre: Precondition) -> dict:
+    return {"pass": None, "status": pre.status, "reason": pre.reason, "notes": list(pre.notes)}
+
+
+def quality_screen(plan, pre: Precondition, paired, retention) -> dict:
+    if not pre.applies:
+        return _undecided(pre)
     s, cand = plan.screen, plan.arms.candidate
-    need = [f"{cand}-seed"] + [f"{cand}-{c}" for c in plan.arms.controls]
-    missing = [k for k in need if paired[k]["mean"] is None]
-    if missing or retention[cand]["upper"] is None:
-        return {"pass": None, "reason": "; ".join(sorted({paired[k]["reason"] for k in missing}
-                                                         | ({retention[cand]["reason"]} if retention[cand]["upper"] is None else set())))}
     gain_pp = 100 * paired[f"{cand}-seed"]["mean"]
     lows = {c: 100 * paired[f"{cand}-{c}"]["lo"] for c in plan.arms.controls}
     checks = {
@@ -93,18 +100,18 @@ def quality_screen(plan, rec, paired, retention) -> dict:
         **{f"noninferior_to_{c}": {"lower_pp": lo, "threshold_pp": s.noninferiority_pp,
                                    "pass": lo >= s.noninferiority_pp} for c, lo in lows.items()},
     }
-    return {"pass": all(c["pass"] for c in checks.values()), "checks": checks}
+    return {"pass": all(c["pass"] for c in checks.values()), "status": pre.status, "checks": checks,
+            "notes": list(pre.notes)}
 
 
-def speed_screen(plan, rec, costs) -> dict:
-    cand, s = plan.arms.candidate, plan.screen
-    a, b = rec.arms.get(cand), rec.arms.get("single")
-    if not a or not b or a.status != "FINISHED" or b.status != "FINISHED":
-        missing = [x for x in (a, b) if x and x.status != "FINISHED"]
-        return {"pass": None, "reason": "; ".join(f"{x.arm}: {x.failure_reason}" for x in missing) or "missing",
-                "cost_words": cost_words(None, None, None)}
-    tps_c, tps_s = a.metrics["perf/active_tokens_per_s"], b.metrics["perf/active_tokens_per_s"]
-    ratio = tps_c / tps_s
-    return {"pass": ratio >= s.speed_ratio, "candidate_active_tokens_per_s": tps_c,
-            "single_active_tokens_per_s": tps_s, "ratio": ratio, "threshold": s.speed_ratio,
-            "cost_words": cost_words(costs[cand], costs["single"], ratio)}
+def speed_screen(plan, pre: Precondition, rec, costs) -> dict:
+    cand, base, s = plan.arms.candidate, plan.screen.speed_baseline, plan.screen
+    if not pre.applies:
+        return _undecided(pre) | {"baseline": base, "cost_words": cost_words(None, None, None)}
+    tps_c = rec.arms[cand].metrics[M.ACTIVE_TOKENS_PER_S]
+    tps_b = rec.arms[base].metrics[M.ACTIVE_TOKENS_PER_S]
+    ratio = tps_c / tps_b
+    return {"pass": ratio >= s.speed_ratio, "status": pre.status, "baseline": base,
+            "candidate_active_tokens_per_s": tps_c, "baseline_active_tokens_per_s": tps_b,
+            "ratio": ratio, "threshold": s.speed_ratio, "notes": list(pre.notes),
+            "cost_words": cost_words(costs[cand], costs[base], ratio)}

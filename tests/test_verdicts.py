@@ -105,3 +105,46 @@ def test_faster_with_more_gpu_time_is_called_a_time_reduction_not_a_cost_reducti
     assert "time only" in words and "not a cost reduction" in words
     assert "reduced cost" in cost_words({"gpu_s_active": 90.0}, {"gpu_s_active": 100.0}, 2.2)
     assert "not decided" in cost_words(None, {"gpu_s_active": 1.0}, None)
+
+
+def test_random_seed_weights_get_no_quality_verdict_but_a_speed_verdict():
+    import dataclasses
+    from analysis.analyze import screen_word
+    rec = record()
+    rec.plan = load_plan("full")  # random-qwen3-1.7b: throughput work only
+    v = compute(rec)
+    q = v["quality_screen"]
+    assert q["pass"] is None and q["status"] == "not-applicable" and "randomly initialised" in q["reason"]
+    assert "checks" not in q  # nothing was decided, not even a partial check
+    assert screen_word(q) == "not-applicable"
+    assert v["speed_screen"]["pass"] is not None and screen_word(v["speed_screen"]) in ("pass", "fail")
+    assert screen_word(compute(record(failed="dense"))["quality_screen"]) == "null"
+
+
+def test_the_speed_baseline_is_the_plans_not_always_single():
+    rec = record(tps=(100.0, 140.0, 150.0))
+    assert compute(rec)["speed_screen"]["ratio"] == pytest.approx(1.5)
+    rec.plan = load_plan("tiny", {"screen.speed_baseline": "dense"})
+    s = compute(rec)["speed_screen"]
+    assert s["baseline"] == "dense" and s["ratio"] == pytest.approx(150 / 140) and s["pass"] is False
+
+
+def _with_attempts(rec, arm, statuses):
+    rec.commitment = {"arms": [{"arm": arm, "attempts": [
+        {"attempt": i, "run_id": f"{arm}-{i}", "status": st, "failure_reason": None if st == "FINISHED" else "boom"}
+        for i, st in enumerate(statuses, 1)]}]}
+    return rec
+
+
+def test_a_later_permitted_attempt_counts_and_is_noted():
+    rec = _with_attempts(record(), "powersgd", ["FAILED", "FINISHED"])
+    rec.plan = load_plan("tiny", {"arms.max_attempts": "2"})
+    v = compute(rec)
+    assert v["quality_screen"]["pass"] is True and any("attempt 2" in n for n in v["quality_screen"]["notes"])
+    assert [a["status"] for a in v["arms"]["powersgd"]["attempts"]] == ["FAILED", "FINISHED"]
+
+
+def test_more_attempts_than_the_plan_permits_decide_nothing():
+    v = compute(_with_attempts(record(), "powersgd", ["FAILED", "FINISHED"]))  # the plan permits 1
+    for screen in ("quality_screen", "speed_screen"):
+        assert v[screen]["pass"] is None and "arms.max_attempts=1" in v[screen]["reason"]
