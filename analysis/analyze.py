@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from analysis.collect import collect
+from analysis.preconditions import screen_word
 from analysis.report import markdown, plots, to_html, verdict_table
 from analysis.verdicts import compute
 
@@ -27,13 +28,6 @@ def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
     (out / "report.md").write_text(md)
     (out / "report.html").write_text(to_html(md, plot_paths, f"gradshare — {study}"))
     return v, out
-
-
-def screen_word(screen: dict) -> str:
-    """The screen's tag: pass, fail, not-applicable (e.g. random seed weights) or null (an arm missing)."""
-    if screen["pass"] is None:
-        return "not-applicable" if screen.get("status") == "not-applicable" else "null"
-    return "pass" if screen["pass"] else "fail"
 
 
 def log_analysis(v: dict, out: Path) -> None:

@@ -78,3 +78,11 @@ def preconditions(rec) -> dict[str, Precondition]:
     out["speed_screen"] = Precondition(MISSING if problems else DECIDED, "; ".join(problems) or None,
                                        tuple(notes))
     return out
+
+
+def screen_word(screen: dict) -> str:
+    """A decided or undecided screen in one word, as its tag holds it: pass, fail,
+    not-applicable (e.g. random seed weights) or null (an arm it needs is missing)."""
+    if screen["pass"] is None:
+        return NOT_APPLICABLE if screen.get("status") == NOT_APPLICABLE else "null"
+    return "pass" if screen["pass"] else "fail"

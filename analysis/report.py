@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from analysis.collect import StudyRecord
+from analysis.preconditions import screen_word
 from gradshare import metrics as M
 
 
@@ -55,12 +56,13 @@ def verdict_table(v: dict) -> str:
             mean, se, lo, hi, p = cells
             lines.append(f"{k:<20}{mean:>8}{se:>8}{lo:>8}{hi:>8}{p:>11}")
     q, s = v["quality_screen"], v["speed_screen"]
-    lines += ["", f"quality screen: {_word(q['pass'])}" + (f"  ({q['reason']})" if q["pass"] is None else "")]
+    lines += ["", f"quality screen: {screen_word(q).upper()}" + (f"  ({q['reason']})" if q["pass"] is None else "")]
     for name, c in (q.get("checks") or {}).items():
         lines.append(f"  {name:<24} {_word(c['pass']):<5} " + ", ".join(
             f"{k}={v_:.4g}" for k, v_ in c.items() if k != "pass"))
-    lines.append(f"speed screen:   {_word(s['pass'])}" + (
+    lines.append(f"speed screen:   {screen_word(s).upper()}" + (
         f"  ratio {s['ratio']:.3f} (threshold {s['threshold']})" if s["pass"] is not None else f"  ({s['reason']})"))
+    lines += [f"  note: {n}" for n in q.get("notes", []) + [n for n in s.get("notes", []) if n not in q.get("notes", [])]]
     lines.append(f"cost: {s['cost_words']}")
     b = v["budget"]
     lines.append(f"budget: ${b['usd']:.4f} of ${b['budget_usd']:.0f}; {b['hours']:.3f} h of {b['deadline_hours']:.0f} h "

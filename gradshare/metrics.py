@@ -56,7 +56,8 @@ WORLD_SIZE = "train/world_size"  # processes
 
 
 def wire_tx_bytes(phase: str) -> str:
-    """Wire bytes sent by all hosts in `phase` (startup, steps, checkpoint, total)."""
+    """Wire bytes sent by all hosts in `phase` (startup, steps, checkpoint, total), or by the
+    driver's host in `upload` (the checkpoint's transfer to the artifact store)."""
     return f"comm/wire_tx_bytes_{phase}"
 
 

@@ -112,6 +112,15 @@ def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):
         assert any(k.startswith("system/") for k in run.data.metrics), arm  # MLflow system metrics
 
 
+def test_the_checkpoint_upload_to_the_tracking_server_is_metered_as_its_own_line(trained_study):
+    from gradshare import metrics as M
+    for arm in ARMS:
+        m = _finished(trained_study, arm).data.metrics
+        # the test server listens on 127.0.0.1: the checkpoint's bytes cross loopback, once at least
+        assert m[M.loopback_bytes("upload")] >= m[M.CKPT_BYTES] > 0, arm
+        assert M.wire_tx_bytes("upload") in m
+
+
 def test_the_checkpoint_hash_tag_is_the_hash_of_the_logged_checkpoint(trained_study, tmp_path):
     from gradshare.hashing import file_entries, tree_sha256
     run = _finished(trained_study, "powersgd")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradshare import claims
+from gradshare import metering
+from gradshare import metrics as M
 from gradshare import store
 from gradshare import tracking as T
 from gradshare.hashing import sha256_text
@@ -181,7 +183,13 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
         mlflow.log_metrics(summary["metrics"])
         mlflow.log_text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
         mlflow.set_tag("gradshare.schedule_sha256", sha256_text("\n".join(summary["update_sha256"])))
+        before = metering.host_counters()
         mlflow.log_artifacts(str(workdir / "checkpoint"), "checkpoint")
+        # The checkpoint's transfer to the artifact store is wire traffic of the arm too (a
+        # loopback copy here, 3.4 GB to S3 on the study's hosts): its own line.
+        moved = metering.delta(before, metering.host_counters())
+        mlflow.log_metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
+                            M.loopback_bytes("upload"): moved["lo_tx"]})
         mlflow.set_tag(T.CKPT_SHA, summary["checkpoint_sha256"])
         mlflow.log_dict({"hosts": summary["hosts"], "losses": summary["losses"]}, "train_summary.json")
         return summary
