@@ -95,7 +95,8 @@ def attempts_of(entry: dict) -> list[dict]:
 
 
 def _arm_without_commitment(study: str, arm: str) -> ArmRecord:
-    runs = T.search(study, "train", arm)
+    # A refused start did nothing and is no attempt: it never stands for the arm.
+    runs = [r for r in T.search(study, "train", arm) if r.data.tags.get(T.REFUSAL) != "true"]
     if not runs:
         return ArmRecord(arm, "UNAVAILABLE", failure_reason="never trained, and the study is not committed")
     last = runs[-1]

@@ -40,7 +40,10 @@ def _paired_cells(p: dict) -> tuple[str, ...] | None:
 
 def verdict_table(v: dict) -> str:
     """Plain-text verdict table for the terminal."""
-    lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}", ""]
+    lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}"]
+    if v.get("emulation"):
+        lines.append(v["emulation"])
+    lines.append("")
     lines.append(f"{'model':<10}{'status':<12}{'overall acc':>12}{'retention NLL':>15}  reason")
     for m in v["arms"]:
         a = v["arms"].get(m, {})
@@ -65,8 +68,13 @@ def verdict_table(v: dict) -> str:
     lines += [f"  note: {n}" for n in q.get("notes", []) + [n for n in s.get("notes", []) if n not in q.get("notes", [])]]
     lines.append(f"cost: {s['cost_words']}")
     b = v["budget"]
+    p = b["price"]
     lines.append(f"budget: ${b['usd']:.4f} of ${b['budget_usd']:.0f}; {b['hours']:.3f} h of {b['deadline_hours']:.0f} h "
-                 f"(price ${b['price']['usd_per_host_hour']}/host-hour, {b['price']['date']})")
+                 f"(priced as {p['instance_type']}, ${p['usd_per_host_hour']}/host-hour, {p['date']})")
+    if p.get("emulated"):
+        study_usd = sum(c["usd_on_study_hosts"] for c in v["cost"].values() if c)
+        lines.append(f"projection only: the same host-hours on the study's {p['study_instance_type']} hosts "
+                     f"would cost ${study_usd:.4f} (but CPU speed says nothing of their speed)")
     return "\n".join(lines)
 
 
@@ -172,6 +180,9 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
           f"controls {', '.join(v['controls'])}, seed model: `{v['seed_model']}`", ""]
     if v["seed_model"].startswith("random-"):
         md += ["> **Randomly initialised seed model: throughput work only. No quality verdict applies.**", ""]
+    if v.get("emulation"):
+        md += [f"> **{v['emulation'].capitalize()}.** The arms ran as CPU processes on one machine; their "
+               f"times and dollars describe that machine. The study's hosts appear only as a projection.", ""]
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
            "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) | reason |",
            "|" + "---|" * (len(fams) + 5)]
@@ -196,17 +207,22 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
         md.append(f"| {arm} | {_fmt(r['mean'], '+.4f')} | {_fmt(r['se'], '.4f')} | {_fmt(r['upper'], '+.4f')} | "
                   f"{r['n']} | {_cell(r.get('reason'))} |")
     md += ["", "## Cost", "",
-           "| arm | GPU-s active | GPU-s total | host-hours | $ | logical bytes | post-warm-up logical | "
-           "wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | checkpoint s | note |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"Hosts priced as {v['budget']['price']['instance_type']} "
+           f"(${v['budget']['price']['usd_per_host_hour']}/host-hour)"
+           + (f"; the last $ column is a projection to the study's {v['budget']['price']['study_instance_type']} "
+              f"hosts at the same host-hours." if v['budget']['price'].get('emulated') else "."), "",
+           "| arm | GPU-s active | GPU-s total | host-hours | $ | $ on study hosts | logical bytes | "
+           "post-warm-up logical | wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | "
+           "checkpoint s | note |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, c in v["cost"].items():
         if not c:
-            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | "
+            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | — | "
                       f"{_cell(v['arms'][arm]['failure_reason'])} |")
             continue
         tx = sum(h["wire_tx_bytes"] for h in c["wire_per_host"])
         md.append(f"| {arm} | {c['gpu_s_active']:.1f} | {c['gpu_s_total']:.1f} | {c['host_hours']:.4f} | "
-                  f"{c['usd']:.4f} | {c['logical_bytes']:.3e} | {c['logical_bytes_post_warmup']:.3e} | {tx:.3e} | "
+                  f"{c['usd']:.4f} | {c['usd_on_study_hosts']:.4f} | {c['logical_bytes']:.3e} | {c['logical_bytes_post_warmup']:.3e} | {tx:.3e} | "
                   f"{c['cross_zone_usd']:.6f} | {c['cross_zone_usd_projected_from_logical']:.6f} | "
                   f"{c['checkpoint_s']:.2f} | |")
     md += ["", f"**Cost in words:** {v['speed_screen']['cost_words']}.", "",

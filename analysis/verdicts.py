@@ -69,6 +69,8 @@ def compute(rec: StudyRecord) -> dict:
         "speed_screen": speed_screen(plan, pre["speed_screen"], rec, costs),
         "cost": costs, "budget": study_budget(plan, costs),
         "seed_model": rec.plan.model.source,
+        "emulation": (f"{plan.study.profile} profile, CPU emulation: speed and dollars are not the study's"
+                      if plan.emulated else None),
     }
 
 

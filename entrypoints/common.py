@@ -6,12 +6,32 @@ plan field can be overridden with `-P concern.field=value`.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+
+
+class StepParser(argparse.ArgumentParser):
+    """argparse that, before it exits on a bad parameter, records why on the run a launcher
+    (`mlflow run`) already made for this step: FAILED with the reason and the allowed
+    values, tagged a refusal, instead of a bare FAILED run."""
+
+    def error(self, message):
+        run_id = os.environ.get("MLFLOW_RUN_ID")
+        if run_id:
+            try:
+                from gradshare import tracking as T
+
+                for key, value in {T.FAILURE: f"bad parameter: {message}", T.REFUSAL: "true"}.items():
+                    T.client().set_tag(run_id, key, value)
+            except Exception as exc:  # the parameter error is what the user must see
+                print(f"[gradshare] could not record the refusal on run {run_id}: {exc}", file=sys.stderr)
+        super().error(message)
 
 
 def study_parser(doc: str, makes_plan: bool = False) -> argparse.ArgumentParser:
     """A parser whose help is the entry point's docstring, with the `--study` every step takes;
     steps that make the plan (prepare, study) also take the profile and `--new-study`."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = StepParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", default="gradshare-tiny")
     if makes_plan:
         ap.add_argument("--profile", default="tiny")

@@ -13,11 +13,12 @@ A run that cannot start, diverges or is stopped ends FAILED with gradshare.failu
 from __future__ import annotations
 
 from entrypoints.common import parse, study_parser
+from gradshare.plan import ARM_KINDS
 
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)
-    ap.add_argument("--arm", required=True, choices=["single", "dense", "powersgd"])
+    ap.add_argument("--arm", required=True, choices=ARM_KINDS)
     ap.add_argument("--num-machines", type=int, default=1)
     ap.add_argument("--machine-rank", type=int, default=0)
     ap.add_argument("--main-process-ip", default="127.0.0.1")

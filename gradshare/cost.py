@@ -1,7 +1,10 @@
 """Cost of an arm: GPU-seconds, host-hours and dollars at the plan's price, wire bytes
 per host, cross-zone dollars, checkpoint seconds; and the study's budget and deadline.
 
-Prices and bounds come from the plan (`InfraPlan`), never from here. Cross-zone
+Prices and bounds come from the plan (`InfraPlan`), never from here. A CPU run (the
+tiny profile's emulation) is priced as the CPU host it ran on (`infra.cpu_host`); what
+the same host-hours would cost on the study's hosts is shown beside it as a projection
+only (`usd_on_study_hosts`). Cross-zone
 transfer is billed in each direction: bytes a host sends to, and receives from, a
 host in another zone each cost `cross_zone_usd_per_gb`.
 """
@@ -15,6 +18,12 @@ GB = 1e9
 def hosts_for(plan, arm: str) -> int:
     """Planned hosts of an arm: one GPU per host (g6e.2xlarge carries one L40S)."""
     return plan.arms.processes(arm)
+
+
+def host_price(plan) -> tuple[str, float]:
+    """What the arms' hosts are priced as: the CPU host for an emulated run, else the study's."""
+    i = plan.infra
+    return (i.cpu_host, i.cpu_usd_per_host_hour) if plan.emulated else (i.instance_type, i.usd_per_host_hour)
 
 
 def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
@@ -41,7 +50,8 @@ def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
         "wall_s": wall,
         "hosts": n_hosts,
         "host_hours": host_hours,
-        "usd": host_hours * infra.usd_per_host_hour,
+        "usd": host_hours * host_price(plan)[1],
+        "usd_on_study_hosts": host_hours * infra.usd_per_host_hour,
         "wire_per_host": per_host,
         "physical_hosts_measured": len(measured_hosts),
         "cross_zone_bytes": cross_bytes,
@@ -60,8 +70,10 @@ def study_budget(plan, costs: dict[str, dict]) -> dict:
     return {"usd": usd, "budget_usd": plan.infra.budget_usd, "within_budget": usd <= plan.infra.budget_usd,
             "hours": hours, "deadline_hours": plan.infra.deadline_hours,
             "within_deadline": hours <= plan.infra.deadline_hours,
-            "price": {"usd_per_host_hour": plan.infra.usd_per_host_hour, "date": plan.infra.price_date,
-                      "instance_type": plan.infra.instance_type}}
+            "price": {"usd_per_host_hour": host_price(plan)[1], "date": plan.infra.price_date,
+                      "instance_type": host_price(plan)[0], "emulated": plan.emulated,
+                      "study_usd_per_host_hour": plan.infra.usd_per_host_hour,
+                      "study_instance_type": plan.infra.instance_type}}
 
 
 def cost_words(candidate: dict | None, single: dict | None, speed_ratio: float | None) -> str:

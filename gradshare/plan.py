@@ -21,6 +21,10 @@ import typing
 from dataclasses import dataclass, field
 
 
+# The three kinds of arm the study knows; a plan runs some or all of them (`arms.names`).
+ARM_KINDS = ("single", "dense", "powersgd")
+
+
 class PlanError(ValueError):
     """A plan that cannot be run as written; the message names the fields."""
 
@@ -140,6 +144,15 @@ class PowerSGDPlan:
     """Upstream rule: compress a matrix only if (rows+cols) x rank x rate < rows x cols."""
     bucket_cap_mb: int = 25
     """DDP bucket size."""
+    hook: str = "upstream"
+    """`upstream`: PyTorch's powerSGD_hook with the error staged around it; `fast`: gradshare's
+    hook on the same PowerSGDState (one inline pass per bucket, orthogonalisation batched over
+    same-shaped matrices, no device-wide sync, FP32 error moved on side streams)."""
+    orthogonalization: str = "qr"
+    """`qr` (upstream: Householder QR per matrix) or `cholesky-qr2` (batched Gram + Cholesky,
+    twice; equals QR up to column signs for full-rank P, which P Q^T does not see). `fast` hook only."""
+    staging_mb: int = 1024
+    """`fast` hook: device memory the FP32 error may hold in flight to and from the host."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,17 @@ class HardwarePlan:
     """`fp32` or `bf16-autocast` (FP32 master weights)."""
     deterministic: bool = True
     """torch.use_deterministic_algorithms where supported."""
+    compile: bool = False
+    """torch.compile each decoder layer (the same function; full profile)."""
+    fused_adamw: bool = False
+    """AdamW's fused CUDA kernel instead of the for-each one (full profile)."""
+    gradient_as_bucket_view: bool = False
+    """DDP gradients are views of its buckets (one copy of the gradient instead of two)."""
+    loss_chunk_tokens: int = 0
+    """Cross-entropy over the vocabulary in chunks of this many tokens, logits recomputed in
+    backward; 0: all logits materialised at once (FP32, tokens x vocabulary)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (less memory, about 1/3 more compute)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,10 @@ class InfraPlan:
     """Date the declared price was taken."""
     cross_zone_usd_per_gb: float = 0.01
     """Billed in each direction."""
+    cpu_host: str = "m7i.large (2 vCPU, 8 GiB), us-east-1, on demand"
+    """What a CPU run (the tiny profile's emulation) is priced as: a host like the one it ran on."""
+    cpu_usd_per_host_hour: float = 0.1008
+    """Declared price of `cpu_host` on `price_date`; the study's hosts appear beside it as a projection."""
     deadline_hours: float = 6.0
     budget_usd: float = 100.0
 
@@ -226,6 +254,11 @@ class Plan:
         return out
 
     @property
+    def emulated(self) -> bool:
+        """True where the arms run on CPUs: speed and dollars are then not the study's hosts'."""
+        return self.hardware.device == "cpu"
+
+    @property
     def train_docs(self) -> int:
         return len(self.data.families) * self.data.train_per_family + self.data.replay_docs
 
@@ -256,6 +289,14 @@ PROFILES: dict[str, dict[str, str]] = {
         # The H200 trace of 4 x 512-token micro-batches was bound by kernel launches;
         # 8 documents per micro-batch halves them (not yet measured).
         "schedule.micro_batch_docs": "8",
+        # Speed levers measured in benchmarks/arms_one_gpu.py (BENCHMARKS.md); each computes the
+        # same function as the plain path, so the tiny profile keeps the plain one.
+        "hardware.compile": "true",
+        "hardware.fused_adamw": "true",
+        "hardware.gradient_as_bucket_view": "true",
+        "hardware.loss_chunk_tokens": "2048",
+        "powersgd.hook": "fast",
+        "powersgd.bucket_cap_mb": "200",
     },
 }
 
@@ -338,7 +379,7 @@ def validate(plan: Plan) -> Plan:
             f"{len(d.families)} families x data.train_per_family {d.train_per_family} + "
             f"data.replay_docs {d.replay_docs} = {plan.train_docs}; each document is used exactly once")
     for arm in a.names:
-        if arm not in ("single", "dense", "powersgd"):
+        if arm not in ARM_KINDS:
             problems.append(f"arms.names holds unknown arm {arm!r}")
             continue
         world = a.processes(arm)
@@ -374,6 +415,21 @@ def validate(plan: Plan) -> Plan:
                         f"within schedule.updates={s.updates}")
     if p.error_feedback not in ("fp32-host", "device", "none"):
         problems.append(f"powersgd.error_feedback={p.error_feedback!r} is not fp32-host, device or none")
+    if p.hook not in ("upstream", "fast"):
+        problems.append(f"powersgd.hook={p.hook!r} is not upstream or fast")
+    elif p.hook == "fast" and p.error_feedback != "fp32-host":
+        problems.append(f"powersgd.hook=fast keeps the error on the host: it needs "
+                        f"powersgd.error_feedback=fp32-host, not {p.error_feedback!r}")
+    if p.orthogonalization not in ("qr", "cholesky-qr2"):
+        problems.append(f"powersgd.orthogonalization={p.orthogonalization!r} is not qr or cholesky-qr2")
+    elif p.orthogonalization != "qr" and p.hook != "fast":
+        problems.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
+    if p.staging_mb < 1 or p.bucket_cap_mb < 1:
+        problems.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
+    if plan.hardware.loss_chunk_tokens < 0:
+        problems.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
+    if (plan.hardware.compile or plan.hardware.fused_adamw) and plan.hardware.device != "cuda":
+        problems.append("hardware.compile and hardware.fused_adamw are GPU levers: they need hardware.device=cuda")
     if plan.hardware.device not in ("cpu", "cuda"):
         problems.append(f"hardware.device={plan.hardware.device!r} is not cpu or cuda")
     if plan.hardware.precision not in ("fp32", "bf16-autocast"):

@@ -15,6 +15,7 @@ plus `plan.json` at the run's root. Two prepares of the same plan give identical
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -141,10 +142,8 @@ def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
     for path, context in (("data/train_tasks.jsonl", "training"), ("data/replay.jsonl", "training"),
                           ("eval/test_tasks.jsonl", "test"), ("eval/probes.jsonl", "retention")):
         df = pd.DataFrame(read_jsonl(inputs / path))
-        try:
-            ds = mlflow.data.from_pandas(df, name=path, source=mlflow.get_artifact_uri(f"inputs/{path}"))
-        except mlflow.exceptions.MlflowException:  # an artifact scheme no dataset resolver knows
-            ds = mlflow.data.from_pandas(df, name=path)
+        source = artifact_dataset_source(mlflow.get_artifact_uri(f"inputs/{path}"))
+        ds = mlflow.data.from_pandas(df, name=path, source=source)
         # MLflow's own digest is 8 hex characters over 10,000 rows: not enough to pre-register.
         mlflow.log_input(ds, context=context, tags={"gradshare.sha256": sha[path]})
     seed = manifest["seed_model"]
@@ -153,12 +152,48 @@ def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
     mlflow.set_tag("gradshare.seed_model", seed["kind"])
 
 
+def artifact_dataset_source(uri: str):
+    """The dataset source of one of the prepare run's artifacts, chosen by the URI's scheme.
+
+    Handed a bare string, `mlflow.data.from_pandas` asks every registered dataset source
+    whether it claims it, and warns when more than one does: a local path or `file:` URI
+    (a SQLite store's artifacts) is claimed by two identical `local` sources, one per
+    scheme, while `mlflow-artifacts:` (a tracking server's proxied artifacts) is claimed by
+    none. So the source is built here for the scheme the store gave, keeping `uri` as is:
+    `http(s)` -> MLflow's HTTP source; a scheme with a registered artifact source (`local`,
+    `s3`, `gs`, ...) -> that source; any other artifact scheme -> a source of the same kind
+    as MLflow's artifact sources (its `load` downloads through the artifact repository),
+    registered once so that `mlflow.data.get_source` can read it back.
+    """
+    from urllib.parse import urlparse
+
+    from mlflow.data.artifact_dataset_sources import _create_dataset_source_for_artifact_repo
+    from mlflow.data.dataset_source_registry import get_registered_sources, register_dataset_source
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.utils.uri import is_local_uri
+
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        return HTTPDatasetSource(uri)
+    kind = "local" if is_local_uri(uri, is_tracking_or_registry_uri=False) else scheme
+    for cls in reversed(get_registered_sources()):  # the last registered takes precedence, as in MLflow
+        if cls._get_source_type() == kind:
+            return cls(uri)
+    name = "".join(part.capitalize() for part in kind.replace("_", "-").split("-")) + "ArtifactDatasetSource"
+    cls = _create_dataset_source_for_artifact_repo(scheme=kind, dataset_source_name=name)
+    register_dataset_source(cls)
+    return cls(uri)
+
+
 def archive_existing_study(study: str) -> str | None:
     """Rename an existing study's experiment (with its runs) out of the way so that a new one starts clean."""
     import mlflow
 
     exp = mlflow.get_experiment_by_name(study)
-    if exp is None or not mlflow.MlflowClient().search_runs([exp.experiment_id], max_results=1):
+    # The run a launcher made for this very command may already be there: it is not the old study.
+    launcher = os.environ.get("MLFLOW_RUN_ID")
+    runs = [] if exp is None else mlflow.MlflowClient().search_runs([exp.experiment_id], max_results=2)
+    if not [r for r in runs if r.info.run_id != launcher]:
         return None  # nothing to keep apart: an empty experiment is simply reused
     new_name = f"{study}@archived-{time.strftime('%Y%m%dT%H%M%S')}"
     mlflow.MlflowClient().rename_experiment(exp.experiment_id, new_name)

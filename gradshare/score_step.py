@@ -71,7 +71,9 @@ def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> di
 
     print(f"[gradshare] scoring {name} on {len(cases)} test cases and {len(probes)} probes")
     with mlflow.start_run(nested=True, run_name=f"score-{name}") as run:
-        mlflow.set_tags(T.study_tags(study, "score", plan.sha256(), name))
+        from gradshare.orphans import process_tags
+
+        mlflow.set_tags(T.study_tags(study, "score", plan.sha256(), name) | process_tags())
         t0 = time.perf_counter()
         test_rows = score_test(model, tokenizer, cases, plan, device)
         test_s = time.perf_counter() - t0

@@ -43,6 +43,12 @@ def setup(study: str):
     if exp.tags.get(EXPERIMENT_KIND) != "custom_model_development":
         # MLflow 3's UI opens a GenAI overview unless told this is model training.
         client().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, "custom_model_development")
+    from gradshare import orphans
+
+    # Every step first ends the study's runs that nobody is behind any more; never the run a
+    # launcher made for this very process (not yet tagged with it).
+    orphans.sweep(exp.experiment_id, keep={os.environ.get("MLFLOW_RUN_ID", "")},
+                  log=lambda line: print(line, file=sys.stderr))
     return exp.experiment_id
 
 
@@ -131,13 +137,16 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
                            log_system_metrics=system_metrics)
     status = "FAILED"
     try:
-        mlflow.set_tags(study_tags(study, step, plan_sha, arm))
+        from gradshare.orphans import process_tags
+
+        mlflow.set_tags(study_tags(study, step, plan_sha, arm) | process_tags())
         yield run
         status = "FINISHED"
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
         reason = "stopped by the user (interrupt)" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
         try:
-            mlflow.set_tags({FAILURE: reason} | ({REFUSAL: "true"} if isinstance(exc, Refusal) else {}))
+            refused = {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
+            mlflow.set_tags({FAILURE: reason} | (refused if isinstance(exc, Refusal) else {}))
         finally:
             if not isinstance(exc, StudyError):
                 traceback.print_exc()

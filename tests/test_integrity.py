@@ -184,6 +184,8 @@ def test_the_report_shows_every_attempt(two_attempts, tmp_path):
     for arm in ("dense", "single"):
         for a in c[arm]["attempts"]:
             assert a["run_id"] in report, (arm, a)
+    refused = [r for r in T.search(study, "train", "single") if r.data.tags.get(T.REFUSAL) == "true"]
+    assert refused and all(r.info.run_id not in report for r in refused)  # a refusal is no attempt
     verdicts = json.loads(T.download(run.info.run_id, "verdicts.json", tmp_path).read_text())
     assert len(verdicts["arms"]["dense"]["attempts"]) == 2
 

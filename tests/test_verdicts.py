@@ -89,9 +89,12 @@ def test_cost_counts_host_hours_at_the_declared_price_and_projects_cross_zone_by
                "comm/logical_bytes_total": 2e9, "comm/host0/wire_tx_bytes_total": 5e9,
                "comm/host0/wire_rx_bytes_total": 5e9, "comm/host1/wire_tx_bytes_total": 5e9,
                "comm/host1/wire_rx_bytes_total": 5e9}
-    two_hosts = arm_cost(PLAN, "dense", metrics, ["a", "b"])
+    two_hosts = arm_cost(load_plan("full"), "dense", metrics, ["a", "b"])
     assert two_hosts["host_hours"] == pytest.approx(1.0)  # 0.5 h x 2 hosts
-    assert two_hosts["usd"] == pytest.approx(2.24208)
+    assert two_hosts["usd"] == pytest.approx(2.24208)  # the study's g6e.2xlarge price
+    emulated = arm_cost(PLAN, "dense", metrics, ["a", "b"])  # the tiny profile runs on CPUs
+    assert emulated["usd"] == pytest.approx(0.1008)  # priced as the 2-core host it ran on
+    assert emulated["usd_on_study_hosts"] == pytest.approx(2.24208)  # the study's hosts: a projection
     assert two_hosts["cross_zone_usd"] == pytest.approx(20e9 / 1e9 * 0.01)
     one_host = arm_cost(PLAN, "dense", metrics, ["a"])  # both ranks on one machine: nothing crossed
     assert one_host["cross_zone_usd"] == 0.0

@@ -1,0 +1,85 @@
+"""MLflow plugin: `mlflow run` of this project puts its run in the study's experiment.
+
+Registered as a `mlflow.default_experiment_provider` (pyproject.toml), which MLflow asks
+for an experiment only when the command names none. For `mlflow run <this project>`
+without `--experiment-name`, the launcher run then lands in the experiment named by
+`-P study=NAME` (or the entry point's default study), not in "Default": one study, one
+experiment. Before MLflow creates any run it also refuses, with one line and no run
+left behind, what would otherwise leave a run RUNNING or FAILED for nothing:
+
+    mlflow run . -e train -P arm=dense          # no conda here: one line, add --env-manager local
+    mlflow run . -e train --env-manager local -P arm=dense2   # one line naming the arms
+
+and it archives an earlier study first where `-P new_study=true` asks for it, so that
+the launcher run is born in the new study's experiment. Any other `mlflow` command, or a
+run of another project, is left to MLflow's own default.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from mlflow.tracking.default_experiment.abstract_context import DefaultExperimentProvider
+
+PROJECT_NAME = "gradshare"
+
+
+def _mlflow_run_params() -> dict | None:
+    """The parsed `mlflow run` command line of this process, if it is one for this project."""
+    argv = sys.argv
+    if len(argv) < 2 or argv[1] != "run" or "mlflow" not in Path(argv[0]).as_posix():
+        return None
+    import mlflow.cli
+
+    try:
+        params = mlflow.cli.run.make_context("run", list(argv[2:]), resilient_parsing=True).params
+    except Exception:  # not a command line MLflow itself would accept: its own error follows
+        return None
+    uri = params.get("uri") or ""
+    mlproject = Path(uri) / "MLproject"
+    if not mlproject.is_file() or f"name: {PROJECT_NAME}" not in mlproject.read_text():
+        return None
+    return params
+
+
+def _refuse(line: str) -> None:
+    print(f"gradshare: {line}; nothing was recorded", file=sys.stderr)
+    raise SystemExit(2)  # not an Exception: MLflow's provider loop must not swallow it
+
+
+def _check(params: dict, values: dict[str, str]) -> None:
+    from gradshare.plan import ARM_KINDS
+
+    manager = params.get("env_manager")
+    if manager in (None, "conda") and shutil.which("conda") is None and not (
+            os.environ.get("MLFLOW_CONDA_HOME") or os.environ.get("CONDA_EXE")):
+        _refuse("`mlflow run` without --env-manager uses conda (conda.yaml), which this machine "
+                "does not have: add --env-manager local")
+    arm = values.get("arm")
+    if params.get("entry_point") == "train" and arm is not None and arm not in ARM_KINDS:
+        _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")
+
+
+class StudyExperimentProvider(DefaultExperimentProvider):
+    def in_context(self) -> bool:
+        return _mlflow_run_params() is not None
+
+    def get_experiment_id(self) -> str:
+        from mlflow.projects._project_spec import load_project
+
+        from gradshare import tracking as T
+        from gradshare.prepare import archive_existing_study
+
+        params = _mlflow_run_params()
+        values = dict(p.split("=", 1) for p in params.get("param_list") or () if "=" in p)
+        _check(params, values)
+        entry = load_project(params["uri"]).get_entry_point(params.get("entry_point") or "main")
+        defaults = {name: p.default for name, p in entry.parameters.items()}
+        study = values.get("study") or defaults.get("study")
+        if str(values.get("new_study", "")).lower() in ("1", "true", "yes"):
+            archived = archive_existing_study(study)
+            if archived:
+                print(f"[gradshare] earlier study archived as experiment {archived!r}", file=sys.stderr)
+        return T.setup(study)

@@ -1,0 +1,118 @@
+"""A newcomer's first hour: the design card's command, one study in one experiment, no run
+left RUNNING, bad parameters refused before they leave a trace."""
+import os
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from gradshare import orphans
+from gradshare import tracking as T
+from tests.conftest import REPO, SMALL, run_entry
+
+
+def _mlflow_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mlflow run` exactly as typed, in the repository, with no conda anywhere."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("CONDA_EXE", "MLFLOW_CONDA_HOME",
+                                                                "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")}
+    return subprocess.run([sys.executable, "-m", "mlflow", "run", ".", *args], cwd=REPO,
+                          env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=900)
+
+
+def _all_runs() -> list:
+    c = T.client()
+    exps = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(exps, max_results=5000) if exps else []
+
+
+def test_the_design_cards_literal_command_without_conda_says_what_to_do_and_leaves_no_run(mlflow_server):
+    assert not any(os.access(os.path.join(d, "conda"), os.X_OK) for d in os.environ["PATH"].split(":"))
+    before = {r.info.run_id for r in _all_runs()}
+    proc = _mlflow_run("-e", "train", "-P", "arm=dense")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gradshare:")]
+    assert len(lines) == 1 and "add --env-manager local" in lines[0], proc.stderr[-2000:]
+    after = _all_runs()
+    assert {r.info.run_id for r in after} == before  # nothing recorded at all
+    assert not [r for r in after if r.info.status == "RUNNING"]
+
+
+def test_an_unknown_arm_creates_no_run_and_names_the_arms(mlflow_server):
+    before = {r.info.run_id for r in _all_runs()}
+    proc = _mlflow_run("-e", "train", "--env-manager", "local", "-P", "arm=dense2")
+    assert proc.returncode != 0 and "single, dense, powersgd" in proc.stderr
+    assert {r.info.run_id for r in _all_runs()} == before
+
+
+def test_with_an_experiment_name_a_bad_arm_is_a_failed_refusal_with_the_allowed_arms(mlflow_server):
+    proc = _mlflow_run("-e", "train", "--env-manager", "local", "--experiment-name", "typo-study",
+                       "-P", "study=typo-study", "-P", "arm=dense2")
+    assert proc.returncode != 0
+    [run] = T.client().search_runs([mlflow.get_experiment_by_name("typo-study").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags[T.REFUSAL] == "true"
+    reason = run.data.tags[T.FAILURE]
+    assert "dense2" in reason and all(arm in reason for arm in ("single", "dense", "powersgd")), reason
+
+
+@pytest.fixture(scope="module")
+def nameless_study(mlflow_server):
+    """Prepared through `mlflow run` with no --experiment-name at all."""
+    study = "nameless-study"
+    default_before = len(T.client().search_runs(["0"]))
+    args = ["-e", "prepare", "--env-manager", "local", "-P", f"study={study}", "-P", "model.pretrain_steps=1"]
+    for k, v in SMALL.items():
+        if k != "model.pretrain_steps":
+            args += ["-P", f"{k}={v}"]
+    proc = _mlflow_run(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return study, default_before
+
+
+def test_a_study_launched_without_experiment_name_lives_in_its_own_experiment(nameless_study):
+    study, default_before = nameless_study
+    exp = mlflow.get_experiment_by_name(study)
+    runs = T.client().search_runs([exp.experiment_id])
+    assert [r.data.tags.get(T.STEP) for r in runs] == ["prepare"]  # the launcher's run is the step's run
+    assert runs[0].info.status == "FINISHED"
+    assert len(T.client().search_runs(["0"])) == default_before  # nothing landed in Default
+
+
+def test_the_next_step_ends_stale_running_runs_failed_with_the_reason(nameless_study):
+    study, _ = nameless_study
+    c = T.client()
+    exp = mlflow.get_experiment_by_name(study).experiment_id
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = c.create_run(exp, tags={T.STUDY: study, T.STEP: "train", T.ARM: "dense",
+                                   orphans.PID: str(gone.pid), orphans.PID_STARTED: "1.0",
+                                   orphans.HOST_ID: orphans.process_tags()[orphans.HOST_ID]})
+    never_started = c.create_run(exp, tags={"mlflow.project.entryPoint": "train",
+                                            "mlflow.project.env": "conda"})
+    alive = c.create_run(exp, tags={T.STUDY: study, T.STEP: "commit", **orphans.process_tags()})
+    try:
+        # any step sweeps first; this one is refused (nothing is committed), which is no matter
+        run_entry("score", "--study", study, env={orphans.GRACE_ENV: "0"}, check=False)
+        got = {r: c.get_run(r) for r in (dead.info.run_id, never_started.info.run_id, alive.info.run_id)}
+        d = got[dead.info.run_id]
+        assert d.info.status == "FAILED" and d.data.tags[T.FAILURE].startswith("orphaned: train run of arm dense")
+        assert f"process {gone.pid}" in d.data.tags[T.FAILURE]
+        n = got[never_started.info.run_id]
+        assert n.info.status == "FAILED" and "ever started" in n.data.tags[T.FAILURE]
+        assert "add --env-manager local" in n.data.tags[T.FAILURE]  # it asked for conda; none here
+        assert got[alive.info.run_id].info.status == "RUNNING"  # this test's own process lives
+    finally:
+        c.set_terminated(alive.info.run_id, "KILLED")
+
+
+def test_a_young_untagged_run_is_left_alone_within_the_grace_time(nameless_study):
+    study, _ = nameless_study
+    c = T.client()
+    exp = mlflow.get_experiment_by_name(study).experiment_id
+    young = c.create_run(exp, tags={"mlflow.project.entryPoint": "train"})
+    try:
+        assert orphans.sweep(exp, log=lambda *_: None) == []  # 120 s grace by default
+        assert c.get_run(young.info.run_id).info.status == "RUNNING"
+    finally:
+        c.set_terminated(young.info.run_id, "KILLED")
