@@ -26,7 +26,7 @@ from gradshare import metrics as M
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
 from gradshare.metering import Clock, add_into, gather, host_counters, per_host_delta
-from gradshare.model import collate, token_losses
+from gradshare.model import TokenLoss, collate, compile_layers
 from gradshare.plan import Plan
 from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
 
@@ -64,19 +64,30 @@ def micro_batches(doc_ids: list[str], lengths: dict[str, int], size: int) -> lis
 
 
 def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
-    """`single`: the model itself. `dense`/`powersgd`: DDP, with the PowerSGD hook for the latter."""
+    """The model with its token loss (`TokenLoss`); `single`: as is, `dense`/`powersgd`: in DDP,
+    with the PowerSGD hook for the latter. The plan's hardware levers are applied here, in
+    one place, and each computes the same function as the plain path."""
+    h = plan.hardware
+    if h.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if h.compile:
+        compile_layers(model)
+    net = TokenLoss(model, h.loss_chunk_tokens)
     if arm == "single":
-        return model, None
+        return net, None
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=plan.powersgd.bucket_cap_mb)
+    ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=plan.powersgd.bucket_cap_mb,
+              gradient_as_bucket_view=h.gradient_as_bucket_view)
     state = None
     if arm == "powersgd":
         p = plan.powersgd
         state = make_powersgd_state(dist.group.WORLD, p.rank, p.warmup_updates, p.warm_start,
-                                    p.error_feedback, p.min_compression_rate, plan.study.seed)
-        ddp.register_comm_hook(state, hook_for(p.error_feedback))
+                                    p.error_feedback, p.min_compression_rate, plan.study.seed,
+                                    hook=p.hook, orthogonalization=p.orthogonalization,
+                                    staging_mb=p.staging_mb)
+        ddp.register_comm_hook(state, hook_for(p.error_feedback, p.hook))
     return ddp, state
 
 
@@ -90,7 +101,10 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     net, _ = wrap_for_arm(model, arm, plan, device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                            weight_decay=o.weight_decay)
+                            weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
+    # Gradients that are DDP bucket views must stay views: zero them in place. Set to None,
+    # the next micro-batches would accumulate into fresh tensors beside the buckets.
+    grads_to_none = not (arm != "single" and plan.hardware.gradient_as_bucket_view)
     shapes = [tuple(p.shape) for p in params]
     dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
     psgd_bytes = logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
@@ -121,7 +135,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 no_sync = net.no_sync() if (world > 1 and not last) else contextlib.nullcontext()
                 with no_sync:
                     with autocast:  # the forward only; backward runs in the ops' own dtypes
-                        nll = token_losses(net, ids, att, tgt).sum()
+                        nll = net(ids, att, tgt).sum()
                     # Sum of token losses over the global batch / its target count; DDP
                     # averages over ranks, so each rank scales by world to undo it.
                     (nll * (world / n_global)).backward()
@@ -143,7 +157,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "
                                       f"of arm {arm}")
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=grads_to_none)
         wire1 = gather(host_counters(), world)
         compressed = arm == "powersgd" and u > plan.powersgd.warmup_updates
         step_bytes = 0 if arm == "single" else (psgd_bytes if compressed else dense_bytes)

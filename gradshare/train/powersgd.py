@@ -18,13 +18,17 @@ communication volume.
 # annotations against the real dist.GradBucket / Future classes, not strings.
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
+    _orthogonalize,
     _should_compress,
     powerSGD_hook,
 )
 
 ERROR_FEEDBACK_MODES = ("fp32-host", "device", "none")
+HOOKS = ("upstream", "fast")
+ORTHOGONALIZATIONS = ("qr", "cholesky-qr2")
 
 
 class HostErrorPowerSGDState(PowerSGDState):
@@ -106,9 +110,237 @@ def _finish_on_cpu(bucket: dist.GradBucket, fut: torch.futures.Future) -> torch.
     return fut
 
 
+class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
+    """State of `fast_host_error_powerSGD_hook`: upstream's slots (rank, iter, P/Q memories,
+    RNG) plus the host error, the orthogonalisation, and the CUDA copy streams (not pickled)."""
+
+    def __init__(self, *args, orthogonalization: str = "qr", staging_mb: int = 1024, **kwargs):
+        super().__init__(*args, **kwargs)
+        if orthogonalization not in ORTHOGONALIZATIONS:
+            raise ValueError(f"orthogonalization={orthogonalization!r} is not one of {ORTHOGONALIZATIONS}")
+        self.orthogonalization = orthogonalization
+        self.staging_bytes = staging_mb * 2**20
+        self._copies = None  # _ErrorCopies, made at the first compressed CUDA pass
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["orthogonalization"] = self.orthogonalization
+        state["staging_bytes"] = self.staging_bytes
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._copies = None
+
+
+class _ErrorCopies:
+    """The FP32 error's trips between pinned host memory and the GPU, on two side streams.
+
+    In: a bucket's error is copied up on `up` while the previous bucket is compressed, and
+    the compute stream waits for it by event only. Out: the new error goes down on `down`
+    after the compute stream's event; its device memory is freed once the copy is done
+    (record_stream). At most `staging_bytes` of outgoing error is in flight: beyond that the
+    compute stream waits for the oldest copy, so device memory stays bounded whatever the
+    link's speed. Host copies are ordered: a bucket's next copy up waits for its last copy down.
+    """
+
+    def __init__(self, device: torch.device, staging_bytes: int):
+        self.up = torch.cuda.Stream(device)
+        self.down = torch.cuda.Stream(device)
+        self.staging_bytes = staging_bytes
+        self.prefetched: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
+        self.down_done: dict[int, torch.cuda.Event] = {}
+        self.in_flight: list[tuple[torch.cuda.Event, int]] = []
+
+    def fetch(self, index: int, host: torch.Tensor, dtype: torch.dtype, device) -> None:
+        if index in self.prefetched:
+            return
+        with torch.cuda.stream(self.up):
+            done = self.down_done.get(index)
+            if done is not None:
+                self.up.wait_event(done)
+            dev = host.to(device=device, dtype=dtype, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.up)
+        self.prefetched[index] = (dev, ev)
+
+    def take(self, index: int) -> torch.Tensor:
+        dev, ev = self.prefetched.pop(index)
+        main = torch.cuda.current_stream(dev.device)
+        main.wait_event(ev)
+        dev.record_stream(main)
+        return dev
+
+    def store(self, index: int, dev: torch.Tensor, host: torch.Tensor) -> None:
+        main = torch.cuda.current_stream(dev.device)
+        self.down.wait_stream(main)
+        with torch.cuda.stream(self.down):
+            host.copy_(dev, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.down)
+        dev.record_stream(self.down)
+        self.down_done[index] = ev
+        self.in_flight = [(e, n) for e, n in self.in_flight if not e.query()]  # query: no sync
+        self.in_flight.append((ev, dev.numel() * dev.element_size()))
+        while sum(n for _, n in self.in_flight) > self.staging_bytes:
+            main.wait_event(self.in_flight.pop(0)[0])
+
+
+def _cholesky_qr2(x: torch.Tensor) -> None:
+    """Orthonormalise the columns of every matrix of the batch `x` (b, n, r) in place.
+
+    Two passes of X <- X R^-1 with R^T R = X^T X + shift: a few batched launches for the whole
+    batch. The first pass's shift (1e-5 of the Gram trace, above the Gram's FP32 rounding)
+    keeps the factorisation finite for a rank-deficient X; the second pass, on columns that are
+    already nearly orthonormal, needs only 1e-7 and restores orthogonality to about 1e-6. For full-rank X this is QR's Q up to column signs; for a
+    rank-deficient X the deficient columns come out near zero, where Householder QR makes
+    them arbitrary orthonormal directions: there the two differ (tests/test_fast_path.py).
+    """
+    for shift in (1e-5, 1e-7):
+        gram = torch.bmm(x.transpose(1, 2), x)
+        diag = gram.diagonal(dim1=1, dim2=2)
+        diag.add_(diag.sum(dim=1, keepdim=True) * shift + 1e-30)
+        lower, _ = torch.linalg.cholesky_ex(gram)
+        x.copy_(torch.linalg.solve_triangular(lower.transpose(1, 2), x, upper=True, left=False))
+
+
+def _orthogonalize_batch(x: torch.Tensor, method: str, epsilon: float) -> None:
+    if method == "cholesky-qr2" and x.shape[2] > 2 and x.dtype == torch.float32:
+        _cholesky_qr2(x)
+    else:
+        _orthogonalize(x, epsilon)  # upstream: one Householder QR per matrix of the batch
+
+
+def fast_host_error_powerSGD_hook(
+    state: FastHostErrorPowerSGDState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Upstream `powerSGD_hook`'s function (same P/Q layout, RNG, warm start, error feedback, `iter`),
+    issued in one pass per bucket instead of a chain of callbacks, with:
+      - orthogonalisation of all same-shaped P (or Q) of the bucket in one batched call;
+      - P = M Q, Q = M^T P and M = P Q^T per matrix into upstream's P/Q memory, no stacked copies;
+      - no device-wide synchronize (upstream synchronizes the GPU in every bucket's callback);
+      - the FP32 error in pinned host memory, staged up and down on side streams.
+    The collectives are issued from the hook call itself, in bucket order on every rank, so
+    gloo cannot reorder them across buckets.
+    """
+    buffer = bucket.buffer()
+    index = bucket.index()
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = group.size()
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return _finish_on_cpu(bucket, default_hooks._allreduce_fut(group, buffer))
+
+    cuda = buffer.is_cuda
+    host = state.host_error.get(index)
+    if cuda and state._copies is None:
+        state._copies = _ErrorCopies(buffer.device, state.staging_bytes)
+    copies = state._copies if cuda else None
+    # `work` holds the bucket plus its error, then the new error (upstream's input_tensor_cp).
+    if host is None:
+        work = buffer.clone()  # upstream's first compressed pass: a zero error
+    else:
+        if copies is not None:
+            copies.fetch(index, host, buffer.dtype, buffer.device)
+            work = copies.take(index)
+        else:
+            work = host.to(dtype=buffer.dtype)  # the CPU: host error is the working copy
+        buffer.add_(work)
+        work.copy_(buffer)
+    if copies is not None:  # the next bucket's error travels up while this one is compressed
+        nxt = state.host_error.get(index + 1)
+        if nxt is not None and not bucket.is_last():
+            copies.fetch(index + 1, nxt, buffer.dtype, buffer.device)
+
+    # Upstream's split and order: compressed matrices grouped by shape in first-seen order.
+    groups: dict[torch.Size, list[torch.Tensor]] = {}
+    uncompressed = []
+    for tensor in bucket.gradients():
+        matrix = tensor.view(tensor.shape[0], -1)
+        n, m = matrix.shape
+        r = min(n, m, state.matrix_approximation_rank)
+        compress, before, after = _should_compress(n, m, r, state.min_compression_rate)
+        state.total_numel_before_compression += before
+        state.total_numel_after_compression += after if compress else before
+        if compress:
+            groups.setdefault(matrix.shape, []).append(matrix)
+        else:
+            uncompressed.append(tensor)
+    p_size = q_size = 0
+    for (n, m), mats in groups.items():
+        r = min(n, m, state.matrix_approximation_rank)
+        p_size += len(mats) * n * r
+        q_size += len(mats) * m * r
+    fresh = not state.warm_start or index not in state.p_memory_dict
+    if fresh:
+        state.p_memory_dict[index] = torch.empty(p_size, device=buffer.device, dtype=buffer.dtype)
+        state.q_memory_dict[index] = torch.empty(q_size, device=buffer.device, dtype=buffer.dtype)
+    p_mem, q_mem = state.p_memory_dict[index], state.q_memory_dict[index]
+    ps, qs = [], []
+    p_at = q_at = 0
+    for (n, m), mats in groups.items():
+        r = min(n, m, state.matrix_approximation_rank)
+        ps.append(p_mem[p_at:p_at + len(mats) * n * r].view(len(mats), n, r))
+        qs.append(q_mem[q_at:q_at + len(mats) * m * r].view(len(mats), m, r))
+        p_at += len(mats) * n * r
+        q_at += len(mats) * m * r
+    method, eps = state.orthogonalization, state.orthogonalization_epsilon
+    if not fresh:
+        for q in qs:
+            _orthogonalize_batch(q, method, eps)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            # Upstream's draw: one seed per pass from the state's RNG, one CPU randn per matrix.
+            torch.manual_seed(state.rng.randint(1_000_000_000))
+            for q in qs:
+                b, m, r = q.shape
+                q.copy_(torch.cat([torch.randn(1, m, r, device="cpu", dtype=buffer.dtype)
+                                   for _ in range(b)]))
+                _orthogonalize_batch(q, method, eps)
+
+    flat = torch.cat([t.view(-1) for t in uncompressed]) if uncompressed else None
+    if flat is not None:
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        at = 0
+        for t in uncompressed:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
+    for mats, p, q in zip(groups.values(), ps, qs):
+        for i, mat in enumerate(mats):
+            torch.mm(mat, q[i], out=p[i])
+    dist.all_reduce(p_mem, group=group)
+    for mats, p, q in zip(groups.values(), ps, qs):
+        _orthogonalize_batch(p, method, eps)
+        for i, mat in enumerate(mats):
+            torch.mm(mat.t(), p[i], out=q[i])
+    dist.all_reduce(q_mem, group=group)
+    q_mem.div_(world)
+    for mats, p, q in zip(groups.values(), ps, qs):
+        for i, mat in enumerate(mats):
+            torch.mm(p[i], q[i].t(), out=mat)
+
+    work.sub_(buffer)  # the new error: bucket plus old error, minus what was communicated
+    if host is None or host.shape != work.shape:
+        host = torch.empty(work.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
+        state.host_error[index] = host
+    if copies is not None:
+        copies.store(index, work, host)
+    elif host.data_ptr() != work.data_ptr():
+        host.copy_(work)
+    if not state.warm_start:
+        state.p_memory_dict.clear()
+        state.q_memory_dict.clear()
+    state.maybe_increase_iter(bucket)
+    fut = torch.futures.Future(devices=[buffer.device]) if cuda else torch.futures.Future()
+    fut.set_result(buffer)
+    return _finish_on_cpu(bucket, fut)
+
+
 def make_powersgd_state(process_group, rank: int, warmup_updates: int, warm_start: bool,
                         error_feedback: str, min_compression_rate: float,
-                        seed: int) -> PowerSGDState:
+                        seed: int, hook: str = "upstream", orthogonalization: str = "qr",
+                        staging_mb: int = 1024) -> PowerSGDState:
     """The arm's PowerSGD state; `error_feedback` is `fp32-host`, `device` or `none`.
 
     Exchanges (DDP hook passes, one per update) 1..warmup_updates are plain all-reduce,
@@ -133,13 +365,22 @@ def make_powersgd_state(process_group, rank: int, warmup_updates: int, warm_star
         warm_start=warm_start,
         random_seed=seed,
     )
+    if hook not in HOOKS:
+        raise ValueError(f"hook={hook!r} is not one of {HOOKS}")
+    if hook == "fast":
+        if error_feedback != "fp32-host":
+            raise ValueError(f"hook=fast keeps the error on the host: error_feedback={error_feedback!r}")
+        return FastHostErrorPowerSGDState(orthogonalization=orthogonalization, staging_mb=staging_mb,
+                                          **kwargs)
     if error_feedback == "fp32-host":
         return HostErrorPowerSGDState(**kwargs)
     return PowerSGDState(**kwargs)
 
 
-def hook_for(error_feedback: str):
-    """The DDP communication hook that goes with `make_powersgd_state(error_feedback=...)`."""
+def hook_for(error_feedback: str, hook: str = "upstream"):
+    """The DDP communication hook that goes with `make_powersgd_state(error_feedback=..., hook=...)`."""
+    if hook == "fast":
+        return fast_host_error_powerSGD_hook
     return host_error_powerSGD_hook if error_feedback == "fp32-host" else powerSGD_hook_cpu_safe
 
 
