@@ -116,3 +116,31 @@ def test_a_young_untagged_run_is_left_alone_within_the_grace_time(nameless_study
         assert c.get_run(young.info.run_id).info.status == "RUNNING"
     finally:
         c.set_terminated(young.info.run_id, "KILLED")
+
+
+def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_none_running(mlflow_server):
+    """The README's first command (`mlflow run . -e study ... -P new_study=true`, no experiment
+    name), on the small plan, twice: the second archives the first, launcher run included."""
+    study = "whole-study"
+    args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
+    for k, v in {**SMALL, "model.pretrain_steps": "2"}.items():
+        args += ["-P", f"{k}={v}"]
+    default_before = len(T.client().search_runs(["0"]))
+    first = _mlflow_run(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "speed and dollars are not the study's" in first.stdout  # a CPU run says what it is
+    exp = mlflow.get_experiment_by_name(study)
+    runs = T.client().search_runs([exp.experiment_id], max_results=1000)
+    steps = sorted(r.data.tags.get(T.STEP, "?") for r in runs)
+    assert steps.count("study") == 1 and steps.count("train") == 3 and {"prepare", "commit", "analyze"} <= set(steps)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    assert len(T.client().search_runs(["0"])) == default_before
+
+    second = _mlflow_run(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    archived = [e for e in T.client().search_experiments() if e.name.startswith(f"{study}@archived-")]
+    assert len(archived) == 1
+    moved = T.client().search_runs([archived[0].experiment_id], max_results=1000)
+    assert {r.info.run_id for r in moved} == {r.info.run_id for r in runs}  # the whole first study
+    fresh = T.client().search_runs([mlflow.get_experiment_by_name(study).experiment_id], max_results=1000)
+    assert sum(r.data.tags.get(T.STEP) == "study" for r in fresh) == 1
