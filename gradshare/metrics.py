@@ -193,3 +193,15 @@ def paired_metrics(v: dict) -> dict[str, float]:
             out[paired_mean(k)] = v[k]["mean"]
             out[paired_lo(k)] = v[k]["lo"]
     return out
+
+
+# --- benchmarks/arms_one_gpu.py: one MLflow run per benchmark call ---
+BENCH_MATMUL_TFLOPS = "perf/bench_bf16_matmul_tflops"  # the bf16 matrix rate measured in the same call
+BENCH_FIGURES = ("step_s", "tokens_per_s", "mfu", "peak_gib", "extra_over_dense_s", "error_copy_gpu_s")
+
+
+def bench(config: str, figure: str) -> str:
+    """One figure (of BENCH_FIGURES) of one benchmarked configuration, e.g. perf/bench/single/step_s."""
+    if figure not in BENCH_FIGURES:
+        raise ValueError(f"unknown benchmark figure {figure!r}; known: {BENCH_FIGURES}")
+    return f"perf/bench/{config}/{figure}"

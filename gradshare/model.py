@@ -90,7 +90,8 @@ def token_losses(model, ids, att, tgt, chunk_tokens: int = 0) -> torch.Tensor:
     """
     if chunk_tokens:
         return _chunked_token_losses(model, ids, att, tgt, chunk_tokens)
-    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+    # use_cache=False: a training forward needs no KV cache (HF builds one by default)
+    logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits[:, :-1].float()
     labels = ids[:, 1:]
     # Rows of a contiguous [B*T, V] view: cross-entropy over a transposed [B, V, T] view
     # reads the vocabulary with a stride and was measured 5.6x slower (CPU, V=32k).
@@ -108,7 +109,7 @@ def _logit_nll(lm_head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
-    hidden = model.model(input_ids=ids, attention_mask=att).last_hidden_state[:, :-1]
+    hidden = model.model(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state[:, :-1]
     labels = ids[:, 1:]
     rows = hidden.reshape(-1, hidden.shape[-1])
     flat = labels.reshape(-1)
@@ -135,6 +136,11 @@ class TokenLoss(torch.nn.Module):
 def compile_layers(lm) -> None:
     """torch.compile each decoder layer in place: one graph shared by all identical layers
     (compile time of one layer, not of the model); embedding, head and loss stay eager."""
+    import torch._dynamo
+
+    # Should a layer attribute ever be specialised per layer, 28 layers must not hit the
+    # default limit of 8 graphs and fall back to eager silently.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for layer in lm.model.layers:
         layer.compile()
 
