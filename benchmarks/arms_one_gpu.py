@@ -146,7 +146,7 @@ def bench_loop(name: str, profile: str, updates: int, tokenizer, docs, device, t
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    traced = name in ("single", "powersgd-fast-qr", "plain-powersgd-host")
+    traced = name in ("single", "dense", "powersgd-fast-qr", "powersgd-fast-cholqr2")
     prof = Profiled(updates, Path(trace_dir) / f"profile_{name}.txt" if (trace_dir and traced) else None, cuda)
     steps = []
 
@@ -256,6 +256,41 @@ def matmul_tflops(device) -> float | None:
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
+def copy_gbps(device, gib: int = 2) -> dict | None:
+    """Pinned host <-> GPU copy rates of this machine, GB/s: one direction, and both at once
+    on two streams (the floor of moving the FP32 error)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    n = gib * 2**30 // 4
+    host = [torch.empty(n, pin_memory=True).fill_(1.0) for _ in range(2)]
+    dev = [torch.empty(n, device=device) for _ in range(2)]
+    streams = [torch.cuda.Stream(device) for _ in range(2)]
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def both():
+        with torch.cuda.stream(streams[0]):
+            dev[0].copy_(host[0], non_blocking=True)
+        with torch.cuda.stream(streams[1]):
+            host[1].copy_(dev[1], non_blocking=True)
+
+    bytes_ = n * 4
+    out = {"h2d": bytes_ / timed(lambda: dev[0].copy_(host[0], non_blocking=True)) / 1e9,
+           "d2h": bytes_ / timed(lambda: host[1].copy_(dev[1], non_blocking=True)) / 1e9,
+           "both": 2 * bytes_ / timed(both) / 1e9}
+    del host, dev
+    torch.cuda.empty_cache()
+    return out
+
+
 def numerics_check(device, exchanges: int = 6) -> dict:
     """The fast hook (QR, CholeskyQR2) against upstream `powerSGD_hook` on identical gradients:
     same weights, same batches, DDP over the one-rank group, plain SGD; matrices of the
@@ -329,7 +364,8 @@ def run(args) -> dict:
            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "commit": commit,
            "date": time.strftime("%Y-%m-%d", time.gmtime()), "updates": args.updates}
     data = {"env": env, "matmul_tflops": matmul_tflops(device), "results": []}
-    print(f"bf16 matmul: {data['matmul_tflops']} TFLOP/s", flush=True)
+    data["copy_gbps"] = copy_gbps(device)
+    print(f"bf16 matmul: {data['matmul_tflops']} TFLOP/s; pinned copies GB/s: {data['copy_gbps']}", flush=True)
     data["numerics"] = numerics_check(device)
     print("numerics (relative L2 vs upstream, per exchange):", json.dumps(data["numerics"]), flush=True)
     order = ("single", "dense", "powersgd-fast-qr", *REFERENCE, "powersgd-fast-cholqr2",
@@ -402,7 +438,8 @@ def markdown(data: dict) -> str:
             f"bf16 matrix rate measured in the same call: {f(data.get('matmul_tflops'), '.0f')} TFLOP/s "
             f"(the MFU denominator). Numerics, fast hook vs upstream `powerSGD_hook` on the same "
             f"gradients (relative L2, worst exchange): QR {f(max(data['numerics']['qr']), '.1e')}, "
-            f"CholeskyQR2 {f(max(data['numerics']['cholesky-qr2']), '.1e')}.\n\n")
+            f"CholeskyQR2 {f(max(data['numerics']['cholesky-qr2']), '.1e')}. Pinned host copies measured in the "
+            f"same call, GB/s: {', '.join(f'{k} {v:.1f}' for k, v in (data.get('copy_gbps') or {}).items()) or '-'}.\n\n")
     lines = ["| configuration | s/update | tokens/s | MFU | peak GiB | PowerSGD extra over its dense, s (GiB) "
              "| error copies, GPU s/update (side streams) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in table_rows(data):

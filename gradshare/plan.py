@@ -297,6 +297,7 @@ PROFILES: dict[str, dict[str, str]] = {
         "hardware.loss_chunk_tokens": "2048",
         "powersgd.hook": "fast",
         "powersgd.bucket_cap_mb": "200",
+        "powersgd.staging_mb": "512",
     },
 }
 

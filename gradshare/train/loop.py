@@ -77,6 +77,13 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
         return net, None
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if h.gradient_as_bucket_view:
+        # Gradients that exist when DDP is built become bucket views at once; left None, the
+        # first update's no_sync micro-batches would accumulate into fresh tensors beside the
+        # buckets (a second full gradient at the first update's peak).
+        for param in model.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=plan.powersgd.bucket_cap_mb,
               gradient_as_bucket_view=h.gradient_as_bucket_view)

@@ -140,7 +140,7 @@ class _ErrorCopies:
     the compute stream waits for it by event only. Out: the new error goes down on `down`
     after the compute stream's event; its device memory is freed once the copy is done
     (record_stream). At most `staging_bytes` of outgoing error is in flight: beyond that the
-    compute stream waits for the oldest copy, so device memory stays bounded whatever the
+    hook waits (on the host) for the oldest copy, so device memory stays bounded whatever the
     link's speed. Host copies are ordered: a bucket's next copy up waits for its last copy down.
     """
 
@@ -182,8 +182,10 @@ class _ErrorCopies:
         self.down_done[index] = ev
         self.in_flight = [(e, n) for e, n in self.in_flight if not e.query()]  # query: no sync
         self.in_flight.append((ev, dev.numel() * dev.element_size()))
-        while sum(n for _, n in self.in_flight) > self.staging_bytes:
-            main.wait_event(self.in_flight.pop(0)[0])
+        while len(self.in_flight) > 1 and sum(n for _, n in self.in_flight) > self.staging_bytes:
+            # A host-side wait: the allocator frees a block recorded on `down` only once its
+            # copy is done, so a GPU-side wait alone would let the CPU run ahead and allocate.
+            self.in_flight.pop(0)[0].synchronize()
 
 
 def _cholesky_qr2(x: torch.Tensor) -> None:
