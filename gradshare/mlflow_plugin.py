@@ -9,6 +9,7 @@ left behind, what would otherwise leave a run RUNNING or FAILED for nothing:
 
     mlflow run . -e train -P arm=dense          # no conda here: one line, add --env-manager local
     mlflow run . -e train --env-manager local -P arm=dense2   # one line naming the arms
+    mlflow run . -e prepare --env-manager local -P schedule.updatez=3   # one line: unknown field
 
 and it archives an earlier study first where `-P new_study=true` asks for it, so that
 the launcher run is born in the new study's experiment. Any other `mlflow` command, or a
@@ -58,8 +59,17 @@ def _check(params: dict, values: dict[str, str]) -> None:
         _refuse("`mlflow run` without --env-manager uses conda (conda.yaml), which this machine "
                 "does not have: add --env-manager local")
     arm = values.get("arm")
-    if params.get("entry_point") == "train" and arm is not None and arm not in ARM_KINDS:
+    entry = params.get("entry_point")
+    if entry == "train" and arm is not None and arm not in ARM_KINDS:
         _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")
+    if entry in ("prepare", "study"):  # the steps that fix the plan: refuse a plan that cannot be
+        from gradshare.plan import PlanError, load_plan
+
+        overrides = {k: v for k, v in values.items() if "." in k}
+        try:
+            load_plan(values.get("profile", "tiny"), overrides)
+        except PlanError as exc:
+            _refuse(" ".join(str(exc).split()))
 
 
 class StudyExperimentProvider(DefaultExperimentProvider):

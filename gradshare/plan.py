@@ -359,7 +359,11 @@ def _apply(plan: Plan, overrides: dict) -> Plan:
     for key, raw in overrides.items():
         concern, _, name = key.partition(".")
         if concern not in hints or name not in hints[concern]:
-            raise PlanError(f"unknown plan parameter {key!r}; known: {', '.join(plan_keys())}")
+            import difflib
+
+            near = difflib.get_close_matches(key, plan_keys(), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise PlanError(f"unknown plan parameter {key!r}; {hint}known: {', '.join(plan_keys())}")
         by_concern.setdefault(concern, {})[name] = _parse(key, raw, hints[concern][name])
     return dataclasses.replace(plan, **{
         c: dataclasses.replace(getattr(plan, c), **vals) for c, vals in by_concern.items()})

@@ -144,3 +144,13 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     assert {r.info.run_id for r in moved} == {r.info.run_id for r in runs}  # the whole first study
     fresh = T.client().search_runs([mlflow.get_experiment_by_name(study).experiment_id], max_results=1000)
     assert sum(r.data.tags.get(T.STEP) == "study" for r in fresh) == 1
+
+
+def test_a_misspelt_plan_field_is_refused_before_any_run_with_the_nearest_name(mlflow_server):
+    before = {r.info.run_id for r in _all_runs()}
+    proc = _mlflow_run("-e", "prepare", "--env-manager", "local", "-P", "study=typo-plan",
+                       "-P", "schedule.updatez=3")
+    assert proc.returncode != 0
+    [line] = [l for l in proc.stderr.splitlines() if l.startswith("gradshare:")]
+    assert "schedule.updatez" in line and "did you mean 'schedule.updates'" in line
+    assert {r.info.run_id for r in _all_runs()} == before
