@@ -174,6 +174,10 @@ class HardwarePlan:
     backward; 0: all logits materialised at once (FP32, tokens x vocabulary)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory, about 1/3 more compute)."""
+    threads_per_process: int = 1
+    """CPU threads of every process of every arm (torch intra-op threads, OMP/MKL): the same in
+    each arm, so that on CPU `single` is one device and a two-process arm two; 0: torch's and
+    accelerate's defaults (a GPU run, where threads only feed the devices)."""
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,7 @@ PROFILES: dict[str, dict[str, str]] = {
         "hardware.device": "cuda",
         "hardware.precision": "bf16-autocast",
         "hardware.deterministic": "false",
+        "hardware.threads_per_process": "0",
         # An L40S update at 32 x 512 tokens plus a 6.9 GB cross-zone exchange is seconds, and
         # loading or initialising 1.7B parameters and writing 3.4 GB of weights is minutes.
         "arms.expected_update_s": "8",
@@ -431,6 +436,8 @@ def validate(plan: Plan) -> Plan:
         problems.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
     if p.staging_mb < 1 or p.bucket_cap_mb < 1:
         problems.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
+    if plan.hardware.threads_per_process < 0:
+        problems.append("hardware.threads_per_process must be >= 0 (0: the launcher's and torch's defaults)")
     if plan.hardware.loss_chunk_tokens < 0:
         problems.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
     if (plan.hardware.compile or plan.hardware.fused_adamw) and plan.hardware.device != "cuda":

@@ -97,6 +97,7 @@ def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
         "seed_model": seed_info,
         "sources": numerical_sources(seed),
         "torch_threads": torch.get_num_threads(),
+        "threads_per_process": plan.hardware.threads_per_process,  # every process of every arm
     }
     write_json(out / "manifest.json", manifest)
     log(f"inputs ready in {time.perf_counter() - t0:.1f}s; inputs_sha256 {manifest['inputs_sha256'][:16]}…")

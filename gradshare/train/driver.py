@@ -88,9 +88,20 @@ def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Lau
         cmd += ["--multi_gpu", "--machine_rank", str(launch.machine_rank),
                 "--main_process_ip", launch.main_process_ip, "--main_process_port", str(port)]
     elif plan.hardware.device == "cpu":
-        cmd += ["--cpu", "--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
+        cmd += ["--cpu"]
+    threads = plan.hardware.threads_per_process
+    if threads > 0:  # every process of every arm the same: one device means the same in each arm
+        cmd += ["--num_cpu_threads_per_process", str(threads)]
+    elif n == 1 and plan.hardware.device == "cpu":
+        cmd += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
     return cmd + ["-m", "gradshare.train.worker", "--workdir", str(workdir), "--arm", arm,
                   "--run-id", run_id]
+
+
+def thread_env(plan: Plan) -> dict[str, str]:
+    """Thread-pool sizes for the workers' native libraries (accelerate sets only OMP's)."""
+    n = plan.hardware.threads_per_process
+    return {k: str(n) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")} if n > 0 else {}
 
 
 def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
@@ -125,7 +136,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     cmd = launch_command(plan, arm, workdir, run_id, launch)
     limit = plan.arms.timeout_s(plan.schedule.updates)
     print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan)))
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:

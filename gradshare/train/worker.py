@@ -51,6 +51,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
                            if k != "plan_sha256"})
+    if plan.hardware.threads_per_process > 0:  # the launcher set OMP's; torch's own pool too
+        torch.set_num_threads(plan.hardware.threads_per_process)
     # A rank waits for its peers at most as long as the launcher waits for the arm: a dead or
     # hung peer ends this rank with an error instead of a wait forever.
     limit = timedelta(seconds=plan.arms.timeout_s(plan.schedule.updates))
@@ -90,6 +92,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 
     # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
     starts = gather(wire_start, world)
+    threads = gather(torch.get_num_threads(), world)  # what each rank really ran with
     before_ckpt = gather(host_counters(), world)
     if rank == 0:
         t0 = time.perf_counter()
@@ -105,6 +108,9 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             logical_bytes_post_warmup=res.logical_bytes_post_warmup, final_loss=res.losses[-1], wire=wire)
         for line in phase_lines(wire, after_ckpt):
             log(f"[{arm}] {line}")
+        log(f"[{arm}] torch threads per rank: {threads}")
+        if client is not None:
+            client.log_param(run_id, "torch_threads_per_rank", ",".join(map(str, threads)))
         (workdir / "summary.json").write_text(json.dumps({
             "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
             "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}, indent=1))
