@@ -48,6 +48,10 @@ CONFIGS = {
     "dense": ("dense", {}),
     "powersgd-fast-qr": ("powersgd", {"powersgd.orthogonalization": "qr"}),
     "powersgd-fast-cholqr2": ("powersgd", {"powersgd.orthogonalization": "cholesky-qr2"}),
+    # what the 44 GiB goal costs: activation checkpointing; and the bucket size's share of the peak
+    "dense-ckpt": ("dense", {"hardware.activation_checkpointing": "true"}),
+    "powersgd-fast-qr-ckpt": ("powersgd", {"hardware.activation_checkpointing": "true"}),
+    "dense-bucket25": ("dense", {"powersgd.bucket_cap_mb": "25"}),
     "plain-single": ("single", PLAIN),
     "plain-dense": ("dense", PLAIN),
     "plain-powersgd-host": ("powersgd", PLAIN),
@@ -287,6 +291,24 @@ def copy_gbps(device, gib: int = 2) -> dict | None:
            "d2h": bytes_ / timed(lambda: host[1].copy_(dev[1], non_blocking=True)) / 1e9,
            "both": 2 * bytes_ / timed(both) / 1e9}
     del host, dev
+    # The hook's pattern: 8 GB in 80 MB pieces, each its own pinned buffer, fresh ones
+    # (never touched by the host, as torch.empty(pin_memory=True) gives them) and touched ones.
+    k = 80 * 2**20 // 4
+    src = [torch.empty(k, device=device) for _ in range(100)]
+    for label, make in (("pieces_untouched", lambda: torch.empty(k, pin_memory=True)),
+                        ("pieces_touched", lambda: torch.zeros(k, pin_memory=True))):
+        hs = [make() for _ in range(100)]
+        t0 = time.perf_counter()
+        for h, d in zip(hs, src):
+            h.copy_(d, non_blocking=True)
+        torch.cuda.synchronize()
+        out[label + "_d2h"] = 100 * k * 4 / (time.perf_counter() - t0) / 1e9
+        t0 = time.perf_counter()
+        for h, d in zip(hs, src):
+            d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        out[label + "_h2d"] = 100 * k * 4 / (time.perf_counter() - t0) / 1e9
+        del hs
     torch.cuda.empty_cache()
     return out
 
@@ -369,7 +391,8 @@ def run(args) -> dict:
     data["numerics"] = numerics_check(device)
     print("numerics (relative L2 vs upstream, per exchange):", json.dumps(data["numerics"]), flush=True)
     order = ("single", "dense", "powersgd-fast-qr", *REFERENCE, "powersgd-fast-cholqr2",
-             "plain-single", "plain-powersgd-host", "plain-dense")  # the essential ones first
+             "plain-single", "plain-powersgd-host", "plain-dense", "dense-ckpt",
+             "powersgd-fast-qr-ckpt", "dense-bucket25")  # the essential ones first
     names = [n for n in order if not args.only or n in args.only.split(",")]
     if args.quick:
         names = [n for n in names if n in QUICK]
@@ -415,7 +438,7 @@ def table_rows(data: dict) -> list[dict]:
             rows.append({"config": name, "error": r["error"]})
             continue
         fpt = flops_per_token(r["params"], QWEN3_1P7B)
-        dense = {"powersgd-fast-qr": "dense", "powersgd-fast-cholqr2": "dense",
+        dense = {"powersgd-fast-qr": "dense", "powersgd-fast-cholqr2": "dense", "powersgd-fast-qr-ckpt": "dense-ckpt",
                  "plain-powersgd-host": "plain-dense", "ref-powersgd-upstream": "ref-dense"}.get(name)
         rows.append({"config": name, "step_s": r["median_step_s"], "tokens_per_s": r["tokens_per_s"],
                      "mfu": (fpt * r["tokens_per_s"] / 1e12 / rate) if rate else None,

@@ -324,7 +324,8 @@ def fast_host_error_powerSGD_hook(
 
     work.sub_(buffer)  # the new error: bucket plus old error, minus what was communicated
     if host is None or host.shape != work.shape:
-        host = torch.empty(work.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
+        # zeros, not empty: the host touches every page once here, not the first copy
+        host = torch.zeros(work.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
         state.host_error[index] = host
     if copies is not None:
         copies.store(index, work, host)
