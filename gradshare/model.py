@@ -106,7 +106,7 @@ def _logit_nll(lm_head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return torch.nn.functional.cross_entropy(lm_head(hidden).float(), labels, reduction="none")
 
 
-def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int) -> torch.Tensor:
+def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int, nll_fn=_logit_nll) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
     hidden = model.model(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state[:, :-1]
@@ -114,7 +114,7 @@ def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int) -> torch.Tens
     rows = hidden.reshape(-1, hidden.shape[-1])
     flat = labels.reshape(-1)
     head = model.get_output_embeddings()
-    nll = torch.cat([checkpoint(_logit_nll, head, rows[i:i + chunk_tokens], flat[i:i + chunk_tokens],
+    nll = torch.cat([checkpoint(nll_fn, head, rows[i:i + chunk_tokens], flat[i:i + chunk_tokens],
                                 use_reentrant=False)
                      for i in range(0, rows.shape[0], chunk_tokens)])
     return nll.view(labels.shape) * tgt[:, 1:]
@@ -124,12 +124,22 @@ class TokenLoss(torch.nn.Module):
     """The model with its loss as one module: what DDP wraps, so that the chunked loss (which
     calls the decoder and the head separately) still runs inside DDP's forward."""
 
-    def __init__(self, lm, chunk_tokens: int = 0):
+    def __init__(self, lm, chunk_tokens: int = 0, compile_loss: bool = False):
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
+        # Compiled, head + upcast + cross-entropy (and its backward) fuse into a few kernels
+        # instead of materialising FP32 logits, their log-softmax and a one-hot gradient.
+        self._nll_fn = torch.compile(_logit_nll) if (compile_loss and chunk_tokens) else None
 
     def forward(self, ids, att, tgt):
+        if self._nll_fn is not None:
+            try:
+                return _chunked_token_losses(self.lm, ids, att, tgt, self.chunk_tokens, self._nll_fn)
+            except Exception as exc:  # a compiler failure must not stop a run: the eager path is the same function
+                import warnings
+                warnings.warn(f"compiled loss failed, using the eager one: {type(exc).__name__}: {exc}")
+                self._nll_fn = None
         return token_losses(self.lm, ids, att, tgt, self.chunk_tokens)
 
 

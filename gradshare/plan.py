@@ -164,7 +164,7 @@ class HardwarePlan:
     deterministic: bool = True
     """torch.use_deterministic_algorithms where supported."""
     compile: bool = False
-    """torch.compile each decoder layer (the same function; full profile)."""
+    """torch.compile each decoder layer and the chunked loss (the same function; full profile)."""
     fused_adamw: bool = False
     """AdamW's fused CUDA kernel instead of the for-each one (full profile)."""
     gradient_as_bucket_view: bool = False
@@ -226,6 +226,38 @@ class InfraPlan:
 
 
 @dataclass(frozen=True)
+class LinkPlan:
+    """The link between the two emulated hosts of a CPU run (`gradshare.netns`).
+
+    Its rate is chosen so that the tiny dense exchange costs the same multiple of one
+    rank's compute per update as the study's does:
+
+    study (full profile, one L40S per host, hosts in two zones):
+      exchange  6.9 GB (the FP32 gradient of 1.72e9 parameters; each of two ring all-reduce
+                ranks sends and receives its logical volume once) over 20 Gbit/s, the network
+                bandwidth AWS lists for g6e.2xlarge ("up to 20 Gigabit", the EC2 G6e instance
+                table; a ceiling, so this is the study's most favourable link):
+                6.9e9 x 8 / 20e9 = 2.76 s
+      compute   one rank's half of an update, 16 documents x 512 tokens = 8,192 tokens at
+                6 x 1.72e9 FLOP per token = 8.45e13 FLOP, on an L40S at 362 TFLOP/s dense BF16
+                (NVIDIA's L40S datasheet; 733 is with sparsity) and an assumed 40% utilisation:
+                8.45e13 / 1.45e14 = 0.58 s
+      multiple  2.76 / 0.58 = 4.7
+    tiny (this profile, one CPU thread per process):
+      compute   one rank's half of an update, 16 documents x 128 tokens (the truncation
+                length, as 512 is the study's), forward, backward and AdamW on the
+                1,443,328-parameter model: 0.44 s measured on the 2-core machine this was
+                written on (torch.set_num_threads(1))
+      exchange  1,443,328 x 4 = 5.77 MB = 46.2 Mbit, to take 4.7 x 0.44 = 2.1 s
+      rate      46.2 / 2.1 = 22 Mbit/s
+    A faster CPU makes the tiny compute shorter and the same link relatively slower: the
+    multiple, not the rate, is what carries over; set the rate at prepare to keep it.
+    """
+    rate_mbit: float = 22.0
+    """Rate of each direction of the emulated hosts' link, Mbit/s (tc tbf on both ends)."""
+
+
+@dataclass(frozen=True)
 class Plan:
     study: StudyPlan = field(default_factory=StudyPlan)
     arms: ArmsPlan = field(default_factory=ArmsPlan)
@@ -238,6 +270,7 @@ class Plan:
     scoring: ScoringPlan = field(default_factory=ScoringPlan)
     screen: ScreenPlan = field(default_factory=ScreenPlan)
     infra: InfraPlan = field(default_factory=InfraPlan)
+    link: LinkPlan = field(default_factory=LinkPlan)
 
     # -- views ---------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -455,6 +488,8 @@ def validate(plan: Plan) -> Plan:
         problems.append("model.source=tiny needs model.pretrain_steps >= 1 so that the probes are exposed")
     if len(plan.infra.zones) != len(plan.infra.hosts):
         problems.append("infra.zones must name one zone per host in infra.hosts")
+    if plan.link.rate_mbit <= 0:
+        problems.append("link.rate_mbit must be > 0")
     if plan.screen.z <= 0:
         problems.append("screen.z must be > 0")
     if problems:

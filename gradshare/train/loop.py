@@ -72,7 +72,7 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if h.compile:
         compile_layers(model)
-    net = TokenLoss(model, h.loss_chunk_tokens)
+    net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile)
     if arm == "single":
         return net, None
     from torch.nn.parallel import DistributedDataParallel as DDP
