@@ -1,0 +1,124 @@
+"""Two emulated hosts (network namespaces, a tc-shaped veth link): the dense and powersgd arms
+run across them with the real multi-node launch, and each host's wire bytes are metered.
+
+Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+from gradshare import metrics as M
+from gradshare import netns
+from gradshare import tracking as T
+from gradshare.plan import load_plan
+from tests.conftest import REPO, SMALL, overrides, run_entry
+
+REASON = netns.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
+
+# 4 x 20 + 16 = 96 = 12 updates x 8 documents; compression from update 3.
+TWELVE = {"data.train_per_family": "20", "schedule.updates": "12"}
+PLAN = load_plan("tiny", {**SMALL, **TWELVE})
+PORT = 29517  # the rendezvous port on host 0 (a fresh namespace: nothing else listens there)
+# Each host's wire bytes over its logical bytes, whole arm: the initial weight broadcast
+# (one model, 5.8 MB), TCP/IP headers (~4% at MTU 1500), the counters gathered per update.
+WIRE_FACTOR = 1.6
+
+
+@pytest.fixture(scope="module")
+def hosts(mlflow_server):
+    with netns.two_hosts(PLAN.link.rate_mbit) as h:
+        h.bridge(urlparse(mlflow_server.uri).port)  # the tracking server, from both hosts
+        yield h
+    assert not set(h.ns) & set(netns.leftovers())
+
+
+def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
+    for sender in (0, 1):
+        # TCP goodput: the rate less headers (~4%) and the start of the stream
+        assert 0.85 * PLAN.link.rate_mbit <= netns.measure_mbit(hosts, 2.0, sender) <= 1.02 * PLAN.link.rate_mbit
+
+
+def test_teardown_leaves_no_namespace_behind_on_failure_too():
+    with pytest.raises(RuntimeError, match="boom"):
+        with netns.two_hosts(100) as h:
+            assert set(h.ns) <= set(netns.leftovers())
+            raise RuntimeError("boom")
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(name not in listed for name in h.ns)
+    assert not os.path.exists(f"/sys/class/net/gs{h.tag}a")
+
+
+def _train_across(hosts, study: str, arm: str) -> dict:
+    """Machine rank 0 on host 0, machine rank 1 on host 1, through gradshare's entry point."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **hosts.env}
+    procs = []
+    for rank in (0, 1):
+        cmd = hosts.exec(rank) + [sys.executable, "-m", "entrypoints.train", "--study", study, "--arm", arm,
+                                  "--num-machines", "2", "--machine-rank", str(rank),
+                                  "--main-process-ip", hosts.addr[0], "--main-process-port", str(PORT)]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    t0 = time.perf_counter()
+    outs = [p.communicate(timeout=PLAN.arms.timeout_s(PLAN.schedule.updates) + 120)[0] for p in procs]
+    wall = time.perf_counter() - t0
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"{arm} machine rank {rank} exited {p.returncode}:\n{out[-4000:]}"
+    [run] = T.search(study, "train", arm, status="FINISHED")
+    return {"run": run, "wall_s": wall}
+
+
+def _post_warmup(run, key: str) -> float:
+    hist = T.client().get_metric_history(run.info.run_id, key)
+    return sum(m.value for m in hist if m.step > PLAN.powersgd.warmup_updates)
+
+
+@pytest.fixture(scope="module")
+def two_host_study(hosts):
+    study = "two-host-study"
+    run_entry("prepare", "--study", study, *overrides(TWELVE))
+    return study, {arm: _train_across(hosts, study, arm) for arm in ("dense", "powersgd")}
+
+
+def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_bytes(two_host_study):
+    study, arms = two_host_study
+    table = {}
+    for arm, got in arms.items():
+        run, m = got["run"], got["run"].data.metrics
+        assert run.data.params["num_machines"] == "2" and run.data.params["main_process_ip"] == "198.18.0.1"
+        assert run.data.params["torch_threads_per_rank"] == "1,1"
+        steps = T.client().get_metric_history(run.info.run_id, M.LOGICAL_BYTES)
+        assert sorted(s.step for s in steps) == list(range(1, PLAN.schedule.updates + 1))
+        # two network stacks: two hosts measured, each with one rank
+        assert M.host_wire_tx_total(1) in m and M.host_wire_tx_total(2) not in m
+        logical = m[M.LOGICAL_BYTES_TOTAL]
+        row = {"logical_bytes": logical, "wall_s": round(got["wall_s"], 1),
+               "active_s": round(m[M.ACTIVE_S], 1),
+               # the same updates as the wire figures below (dense's summary counts all of them)
+               "logical_post_warmup": _post_warmup(run, M.LOGICAL_BYTES)}
+        for j in (0, 1):
+            tx, rx = m[M.host_wire_tx_total(j)], m[M.host_wire_rx_total(j)]
+            row[f"host{j}"] = {"wire_tx": tx, "wire_rx": rx, "tx/logical": round(tx / logical, 3),
+                               "rx/logical": round(rx / logical, 3),
+                               "wire_tx_post_warmup": _post_warmup(run, M.host_wire_tx(j)),
+                               "wire_rx_post_warmup": _post_warmup(run, M.host_wire_rx(j))}
+            # every logical byte a rank exchanged crossed the link, and not much else did
+            assert logical <= tx <= WIRE_FACTOR * logical, (arm, j, tx, logical)
+            assert logical <= rx <= WIRE_FACTOR * logical, (arm, j, rx, logical)
+        table[arm] = row
+    print(json.dumps(table, indent=1))
+    d, p = table["dense"], table["powersgd"]
+    logical_ratio = d["logical_post_warmup"] / p["logical_post_warmup"]
+    assert logical_ratio > 2
+    for j in (0, 1):
+        for k in ("wire_tx_post_warmup", "wire_rx_post_warmup"):
+            wire_ratio = d[f"host{j}"][k] / p[f"host{j}"][k]
+            print(f"host{j} {k}: wire ratio dense/powersgd {wire_ratio:.2f}, logical {logical_ratio:.2f}")
+            assert wire_ratio >= logical_ratio / 2, (j, k, wire_ratio, logical_ratio)
