@@ -29,6 +29,10 @@ def main(argv=None) -> None:
     tag = (lambda k, v: T.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
     tag(T.STUDY, args.study)
     tag(T.STEP, "study")
+    from gradshare.orphans import process_tags
+
+    for key, value in process_tags().items():  # alive while its steps run: never swept by them
+        tag(key, value)
     t0 = time.perf_counter()
     try:
         tag(T.PLAN_SHA, load_plan(args.profile, overrides).sha256())

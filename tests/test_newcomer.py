@@ -126,7 +126,8 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     for k, v in {**SMALL, "model.pretrain_steps": "2"}.items():
         args += ["-P", f"{k}={v}"]
     default_before = len(T.client().search_runs(["0"]))
-    first = _mlflow_run(*args)
+    # No grace: a step that mistook the live launcher (or a sibling) for an orphan shows at once.
+    first = _mlflow_run(*args, env={orphans.GRACE_ENV: "0"})
     assert first.returncode == 0, first.stderr[-3000:]
     assert "speed and dollars are not the study's" in first.stdout  # a CPU run says what it is
     exp = mlflow.get_experiment_by_name(study)
@@ -134,9 +135,11 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     steps = sorted(r.data.tags.get(T.STEP, "?") for r in runs)
     assert steps.count("study") == 1 and steps.count("train") == 3 and {"prepare", "commit", "analyze"} <= set(steps)
     assert not [r for r in runs if r.info.status == "RUNNING"]
+    # the study's own launcher lived all along: no step took it for an orphan (it is minutes old)
+    assert not [r for r in runs if r.data.tags.get(T.FAILURE, "").startswith("orphaned")]
     assert len(T.client().search_runs(["0"])) == default_before
 
-    second = _mlflow_run(*args)
+    second = _mlflow_run(*args, env={orphans.GRACE_ENV: "0"})
     assert second.returncode == 0, second.stderr[-3000:]
     archived = [e for e in T.client().search_experiments() if e.name.startswith(f"{study}@archived-")]
     assert len(archived) == 1
