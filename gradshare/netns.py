@@ -11,7 +11,7 @@ benchmarking: nothing is ever addressed outside it) and is shaped in its sending
 direction by a `tbf` qdisc at the link rate, so each direction of the link carries at most
 `rate_mbit`. Latency is not emulated (`netem` is not available on these machines).
 
-Names carry a random tag, so parallel uses never collide; everything is torn down when
+Names carry the maker's pid and a random tag, so parallel uses never collide; everything is torn down when
 the `with` block ends, by an exception too: the processes still inside the namespaces are
 killed (by pid), the namespaces deleted (which deletes the veth pair).
 
@@ -185,7 +185,8 @@ def setup(rate_mbit: float, tag: str | None = None) -> TwoHosts:
     """Make the two hosts; on any failure, undo what was made and raise."""
     if rate_mbit <= 0:
         raise ValueError("rate_mbit must be > 0")
-    tag = tag or secrets.token_hex(3)
+    # the owner's pid in every name: `leftovers(stale=True)` tells an abandoned pair from a live one
+    tag = tag or f"{os.getpid()}x{secrets.token_hex(2)}"
     hosts = TwoHosts(tag=tag, rate_mbit=rate_mbit, ns=(f"gradshare-{tag}-a", f"gradshare-{tag}-b"))
     try:
         for name in hosts.ns:
@@ -214,10 +215,25 @@ def two_hosts(rate_mbit: float, tag: str | None = None):
         hosts.close()
 
 
-def leftovers() -> list[str]:
-    """Namespaces this module made that still exist."""
+def leftovers(stale: bool = False) -> list[str]:
+    """Namespaces this module made that still exist; `stale`: only those whose maker is gone."""
     out = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
-    return [line.split()[0] for line in out if line.startswith("gradshare-")]
+    names = [line.split()[0] for line in out if line.startswith("gradshare-")]
+    return [n for n in names if not stale or not _alive(n)]
+
+
+def _alive(name: str) -> bool:
+    try:
+        pid = int(name.split("-")[1].split("x")[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0) -> float:

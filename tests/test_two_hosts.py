@@ -84,7 +84,16 @@ def _post_warmup(run, key: str) -> float:
 def two_host_study(hosts):
     study = "two-host-study"
     run_entry("prepare", "--study", study, *overrides(TWELVE))
-    return study, {arm: _train_across(hosts, study, arm) for arm in ("dense", "powersgd")}
+    arms = {"dense": _train_across(hosts, study, "dense")}
+    # powersgd through the script a person uses: fresh hosts at the study's link rate, torn down after
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "run", "--study", study,
+                           "--arm", "powersgd"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"at {PLAN.link.rate_mbit:g} Mbit/s" in proc.stdout
+    [run] = T.search(study, "train", "powersgd", status="FINISHED")
+    arms["powersgd"] = {"run": run, "wall_s": time.perf_counter() - t0}
+    return study, arms
 
 
 def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_bytes(two_host_study):
@@ -122,3 +131,38 @@ def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_
             wire_ratio = d[f"host{j}"][k] / p[f"host{j}"][k]
             print(f"host{j} {k}: wire ratio dense/powersgd {wire_ratio:.2f}, logical {logical_ratio:.2f}")
             assert wire_ratio >= logical_ratio / 2, (j, k, wire_ratio, logical_ratio)
+
+
+def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
+    import signal
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "up", "--rate-mbit", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    made = [n for n in netns.leftovers() if n in "".join(lines)]
+    assert len(made) == 2 and "198.18.0.1" in lines[0] and "--machine_rank" not in lines[0]
+    assert any("--machine-rank 1" in line and "GLOO_SOCKET_IFNAME=gslink" in line for line in lines)
+    proc.send_signal(signal.SIGTERM)
+    assert "torn down" in proc.communicate(timeout=60)[0] and proc.returncode == 0
+    assert not set(made) & set(netns.leftovers())
+    down = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
+                          capture_output=True, text=True)
+    assert down.returncode == 0 and "removed" in down.stdout
+
+
+def test_down_removes_only_namespaces_whose_maker_is_gone():
+    from gradshare.netns import setup
+    # a pair made for a process that no longer exists: what a killed user leaves behind
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    orphan = setup(10, tag=f"{dead}x0000")
+    with netns.two_hosts(10) as live:
+        assert set(orphan.ns) <= set(netns.leftovers(stale=True))
+        assert not set(live.ns) & set(netns.leftovers(stale=True))
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
+                             capture_output=True, text=True).stdout
+        assert all(n in out for n in orphan.ns) and set(live.ns) <= set(netns.leftovers())
+    assert not (set(orphan.ns) | set(live.ns)) & set(netns.leftovers())

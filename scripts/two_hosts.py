@@ -1,0 +1,115 @@
+"""Two emulated hosts on this machine (root, `ip`, `tc`): see `gradshare/netns.py`.
+
+    # hold two hosts until Ctrl-C, with the tracking server at 127.0.0.1:5000 reachable from both
+    sudo python scripts/two_hosts.py up --rate-mbit 22 --bridge-port 5000
+    # one arm of a prepared study across them (link rate from the study's plan), then tear down
+    sudo MLFLOW_TRACKING_URI=http://127.0.0.1:5000 python scripts/two_hosts.py run --study S --arm dense
+    # remove what an interrupted use left behind (namespaces whose maker is gone)
+    sudo python scripts/two_hosts.py down
+
+The link carries 198.18.0.1 (host 0) <-> 198.18.0.2 (host 1) only; latency is not emulated.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gradshare import netns  # noqa: E402
+from gradshare.plan import LinkPlan  # noqa: E402
+
+
+def _need_hosts() -> None:
+    reason = netns.unavailable()
+    if reason:
+        raise SystemExit(f"two_hosts: cannot make emulated hosts here: {reason}")
+
+
+def _train_cmd(hosts, rank: int, study: str, arm: str, port: int) -> list[str]:
+    return hosts.exec(rank) + [sys.executable, "-m", "entrypoints.train", "--study", study, "--arm", arm,
+                               "--num-machines", "2", "--machine-rank", str(rank),
+                               "--main-process-ip", hosts.addr[0], "--main-process-port", str(port)]
+
+
+def up(args) -> None:
+    _need_hosts()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with netns.two_hosts(args.rate_mbit) as hosts:
+        if args.bridge_port:
+            hosts.bridge(args.bridge_port)
+        env = " ".join(f"{k}={v}" for k, v in hosts.env.items())
+        print(f"host 0: namespace {hosts.ns[0]}, {hosts.addr[0]}; host 1: namespace {hosts.ns[1]}, "
+              f"{hosts.addr[1]}; link {args.rate_mbit:g} Mbit/s each way (tc tbf), no latency emulated")
+        if args.bridge_port:
+            print(f"127.0.0.1:{args.bridge_port} on both hosts reaches 127.0.0.1:{args.bridge_port} here")
+        for rank in (0, 1):
+            print(f"machine rank {rank}:  {env} " + " ".join(_train_cmd(hosts, rank, "STUDY", "dense", 29500)))
+        print("Ctrl-C tears everything down.", flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    print("torn down")
+
+
+def run(args) -> None:
+    _need_hosts()
+    from gradshare import store
+
+    _, plan = store.prepared_plan(args.study)
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    parsed = urlparse(uri)
+    if parsed.hostname not in ("127.0.0.1", "localhost") or not parsed.port:
+        raise SystemExit("two_hosts run: set MLFLOW_TRACKING_URI=http://127.0.0.1:PORT (a tracking server "
+                         "on this machine's loopback; both hosts reach it through a bridge)")
+    with netns.two_hosts(plan.link.rate_mbit) as hosts:
+        hosts.bridge(parsed.port)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **hosts.env}
+        print(f"[two_hosts] arm {args.arm} across {hosts.ns[0]} and {hosts.ns[1]} at "
+              f"{plan.link.rate_mbit:g} Mbit/s", flush=True)
+        procs = [subprocess.Popen(_train_cmd(hosts, r, args.study, args.arm, args.port), cwd=REPO, env=env)
+                 for r in (0, 1)]
+        rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise SystemExit(f"two_hosts run: machine ranks exited {rcs}")
+
+
+def down(args) -> None:
+    _need_hosts()
+    left = netns.leftovers(stale=not args.all)
+    for name in left:
+        netns._kill_inside(name)
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    print(f"removed {len(left)} namespace(s): {' '.join(left) or '-'}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up", help="make two hosts and hold them until Ctrl-C")
+    p.add_argument("--rate-mbit", type=float, default=LinkPlan().rate_mbit)
+    p.add_argument("--bridge-port", type=int, default=0, help="tracking server port to reach from both hosts")
+    p.set_defaults(fn=up)
+    p = sub.add_parser("run", help="one arm of a prepared study across two fresh hosts")
+    p.add_argument("--study", required=True)
+    p.add_argument("--arm", required=True, choices=("dense", "powersgd"))
+    p.add_argument("--port", type=int, default=29500, help="rendezvous port on host 0")
+    p.set_defaults(fn=run)
+    p = sub.add_parser("down", help="remove the namespaces of gradshare users that are gone")
+    p.add_argument("--all", action="store_true", help="also those of running users (their runs break)")
+    p.set_defaults(fn=down)
+    args = ap.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
