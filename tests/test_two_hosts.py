@@ -21,7 +21,7 @@ from gradshare.plan import load_plan
 from tests.conftest import REPO, SMALL, overrides, run_entry
 
 REASON = netns.unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
+needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
 
 # 4 x 20 + 16 = 96 = 12 updates x 8 documents; compression from update 3.
 TWELVE = {"data.train_per_family": "20", "schedule.updates": "12"}
@@ -40,12 +40,14 @@ def hosts(mlflow_server):
     assert not set(h.ns) & set(netns.leftovers())
 
 
+@needs_hosts
 def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
     for sender in (0, 1):
         # TCP goodput: the rate less headers (~4%) and the start of the stream
         assert 0.85 * PLAN.link.rate_mbit <= netns.measure_mbit(hosts, 2.0, sender) <= 1.02 * PLAN.link.rate_mbit
 
 
+@needs_hosts
 def test_teardown_leaves_no_namespace_behind_on_failure_too():
     with pytest.raises(RuntimeError, match="boom"):
         with netns.two_hosts(100) as h:
@@ -96,6 +98,7 @@ def two_host_study(hosts):
     return study, arms
 
 
+@needs_hosts
 def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_bytes(two_host_study):
     study, arms = two_host_study
     table = {}
@@ -133,6 +136,7 @@ def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_
             assert wire_ratio >= logical_ratio / 2, (j, k, wire_ratio, logical_ratio)
 
 
+@needs_hosts
 def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
     import signal
     proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "up", "--rate-mbit", "50"],
@@ -153,6 +157,7 @@ def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
     assert down.returncode == 0 and "removed" in down.stdout
 
 
+@needs_hosts
 def test_down_removes_only_namespaces_whose_maker_is_gone():
     from gradshare.netns import setup
     # a pair made for a process that no longer exists: what a killed user leaves behind
@@ -166,3 +171,11 @@ def test_down_removes_only_namespaces_whose_maker_is_gone():
                              capture_output=True, text=True).stdout
         assert all(n in out for n in orphan.ns) and set(live.ns) <= set(netns.leftovers())
     assert not (set(orphan.ns) | set(live.ns)) & set(netns.leftovers())
+
+
+def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in netns.unavailable()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    assert "`tc` is not installed" in netns.unavailable()
