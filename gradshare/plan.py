@@ -250,6 +250,11 @@ class LinkPlan:
                 written on (torch.set_num_threads(1))
       exchange  1,443,328 x 4 = 5.77 MB = 46.2 Mbit, to take 4.7 x 0.44 = 2.1 s
       rate      46.2 / 2.1 = 22 Mbit/s
+    Both sides are counted at full-length documents, as the design's anchors are. The tiny
+    study's own documents are shorter (about 51 tokens on average): there one rank's half of
+    an update measured 0.20 s (the single arm at one thread, median 0.40 s per update over
+    128 updates), so the dense exchange is about 10x that compute; how much shorter than 512
+    the study's documents are is not measured yet.
     A faster CPU makes the tiny compute shorter and the same link relatively slower: the
     multiple, not the rate, is what carries over; set the rate at prepare to keep it.
     """
