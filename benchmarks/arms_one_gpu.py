@@ -152,18 +152,21 @@ def bench_loop(name: str, profile: str, updates: int, tokenizer, docs, device, t
         torch.cuda.reset_peak_memory_stats()
     traced = name in ("single", "dense", "powersgd-fast-qr", "powersgd-fast-cholqr2")
     prof = Profiled(updates, Path(trace_dir) / f"profile_{name}.txt" if (trace_dir and traced) else None, cuda)
-    steps = []
+    steps, peaks = [], []
 
     def on_step(u, m, _sha):
         steps.append(m)
+        if cuda:  # the peak of each update, so that a one-off (compile, first compression) shows
+            peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+            torch.cuda.reset_peak_memory_stats()
         prof(u)
 
     t0 = time.perf_counter()
     res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step, log=lambda *a: None)
     from gradshare import metrics as M
     out = summarise(name, [m[M.STEP_S] for m in steps], [m[M.TOKENS_PER_S] * m[M.STEP_S] for m in steps],
-                    params, torch.cuda.max_memory_allocated() / 2**30 if cuda else None, res.losses,
-                    {"arm": arm, "overrides": extra, "wall_s": time.perf_counter() - t0,
+                    params, max(peaks) if cuda else None, res.losses,
+                    {"arm": arm, "overrides": extra, "wall_s": time.perf_counter() - t0, "peak_gib_per_update": peaks,
                      "logical_bytes_per_exchange": steps[-1][M.LOGICAL_BYTES],
                      "error_copy_gpu_s": prof.copy_s})
     del model, res
@@ -412,7 +415,9 @@ def run(args) -> dict:
         if "error" not in r:
             print(f"{name:<24} {r['median_step_s']:.3f} s/update  {r['tokens_per_s']:,.0f} tok/s  "
                   f"peak {r['peak_gib'] or 0:.1f} GiB  loss {r['loss'][-1]:.3f}  steps "
-                  + " ".join(f"{s:.2f}" for s in r["step_s"]), flush=True)
+                  + " ".join(f"{s:.2f}" for s in r["step_s"])
+                  + ("  peaks " + " ".join(f"{g:.1f}" for g in r["peak_gib_per_update"])
+                     if r.get("peak_gib_per_update") else ""), flush=True)
         out_path.write_text(json.dumps(data, indent=1))  # after every configuration
     dist.destroy_process_group()
     return data
