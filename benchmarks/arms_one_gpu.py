@@ -147,9 +147,11 @@ def bench_loop(name: str, profile: str, updates: int, tokenizer, docs, device, t
     model = build_model(cfg, plan.study.seed, device)
     params = sum(p.numel() for p in model.parameters())
     cuda = device.type == "cuda"
+    start_gib = None
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        start_gib = torch.cuda.memory_allocated() / 2**30  # this model's weights, nothing left over
     traced = name in ("single", "dense", "powersgd-fast-qr", "powersgd-fast-cholqr2")
     prof = Profiled(updates, Path(trace_dir) / f"profile_{name}.txt" if (trace_dir and traced) else None, cuda)
     steps, peaks = [], []
@@ -167,12 +169,26 @@ def bench_loop(name: str, profile: str, updates: int, tokenizer, docs, device, t
     out = summarise(name, [m[M.STEP_S] for m in steps], [m[M.TOKENS_PER_S] * m[M.STEP_S] for m in steps],
                     params, max(peaks) if cuda else None, res.losses,
                     {"arm": arm, "overrides": extra, "wall_s": time.perf_counter() - t0, "peak_gib_per_update": peaks,
+                     "start_gib": start_gib,
                      "logical_bytes_per_exchange": steps[-1][M.LOGICAL_BYTES],
                      "error_copy_gpu_s": prof.copy_s})
     del model, res
-    if cuda:
-        torch.cuda.empty_cache()
+    _release(cuda)
     return out
+
+
+def _release(cuda: bool) -> None:
+    # DDP and its hooks form reference cycles: without a collection, an arm's model, buckets
+    # and optimizer state stay allocated into the next arm and count in its peak (seen on
+    # 2026-12-03: dense peaked 45.2 GiB after single, 40.4 GiB as the first arm).
+    import gc
+
+    import torch
+
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def bench_reference(name: str, updates: int, tokenizer, docs, device, profile: str) -> dict:
@@ -236,8 +252,7 @@ def bench_reference(name: str, updates: int, tokenizer, docs, device, profile: s
     out = summarise(name, step_s, tokens, params, torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                     losses, {"arm": name})
     del model, net, opt
-    if cuda:
-        torch.cuda.empty_cache()
+    _release(cuda)
     if dist.is_initialized():
         dist.barrier()
     return out
@@ -392,6 +407,7 @@ def run(args) -> dict:
     data["copy_gbps"] = copy_gbps(device)
     print(f"bf16 matmul: {data['matmul_tflops']} TFLOP/s; pinned copies GB/s: {data['copy_gbps']}", flush=True)
     data["numerics"] = numerics_check(device)
+    _release(cuda)
     print("numerics (relative L2 vs upstream, per exchange):", json.dumps(data["numerics"]), flush=True)
     order = ("single", "dense", "powersgd-fast-qr", *REFERENCE, "powersgd-fast-cholqr2",
              "plain-single", "plain-powersgd-host", "plain-dense", "dense-ckpt",
