@@ -180,3 +180,33 @@ def test_chunked_cross_entropy_gives_the_plain_token_losses_and_gradients():
         torch.testing.assert_close(out[chunk][0], out[0][0], rtol=1e-5, atol=1e-6)
         for a, b in zip(out[chunk][1], out[0][1]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # FP32 summation order
+
+
+def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
+    """The benchmark runs the DDP arms at world size 1: each update must still be ONE exchange
+    (micro-batches under no_sync until the last), as at world size 2, or PowerSGD would
+    compress every micro-batch's partial sum (4 compressions and error trips per update)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.arms_one_gpu import DOCS_PER_UPDATE, documents, plan_for, schedule_for
+    from gradshare.data.tokenizer import load_tokenizer, train_bpe
+    from gradshare.model import build_model, model_config
+    from gradshare.train.loop import train
+
+    updates = 3
+    docs = documents(updates * DOCS_PER_UPDATE, 7)
+    train_bpe([d["target"] for d in docs], 512, tmp_path / "tok")
+    tok = load_tokenizer(tmp_path / "tok")
+    plan = plan_for("tiny", updates, {})  # warm-up 2: the third update is compressed
+    by_id = {d["id"]: d for d in docs}
+    schedule = schedule_for(tok, by_id, updates, plan.study.seed)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
+        res = train(plan, "powersgd", model, tok, by_id, schedule, torch.device("cpu"), 0, 1,
+                    log=lambda *a: None)
+    finally:
+        dist.destroy_process_group()
+    assert res.hook_passes == updates

@@ -44,6 +44,7 @@ class LoopResult:
     logical_bytes_post_warmup: int = 0
     wire: dict = field(default_factory=dict)  # host id -> summed deltas of the update windows
     wire_first: list = field(default_factory=list)  # every rank's counters as update 1 starts
+    hook_passes: int | None = None  # PowerSGD state's exchange count: one per update
 
 
 def _lr(plan: Plan, update: int) -> float:
@@ -105,7 +106,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     max_tok = schedule["max_doc_tokens"]
     encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
     lengths = {i: len(e[0]) for i, e in encoded.items()}
-    net, _ = wrap_for_arm(model, arm, plan, device)
+    net, psgd_state = wrap_for_arm(model, arm, plan, device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                             weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
@@ -139,7 +140,9 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             for k, mb in enumerate(mbs):
                 ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
                 last = k == len(mbs) - 1
-                no_sync = net.no_sync() if (world > 1 and not last) else contextlib.nullcontext()
+                # Every DDP arm, whatever its world size: without no_sync a world-1 run would
+                # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
+                no_sync = net.no_sync() if (arm != "single" and not last) else contextlib.nullcontext()
                 with no_sync:
                     with autocast:  # the forward only; backward runs in the ops' own dtypes
                         nll = net(ids, att, tgt).sum()
@@ -187,4 +190,5 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
                 f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    res.hook_passes = psgd_state.iter if psgd_state is not None else None
     return res
