@@ -37,8 +37,13 @@ def main(argv=None) -> None:
     try:
         tag(T.PLAN_SHA, load_plan(args.profile, overrides).sha256())
         timings = run_study(args.study, args.profile, truthy(args.new_study), overrides)
-    except (SystemExit, Exception) as exc:
-        tag(T.FAILURE, str(exc) or type(exc).__name__)
+    except BaseException as exc:  # an interrupt too: the study's run says why it ended
+        text = str(exc)
+        if isinstance(exc, KeyboardInterrupt):
+            text = "stopped by the user (interrupt)"
+        elif isinstance(exc, SystemExit) and (exc.code is None or isinstance(exc.code, int)):
+            text = "a step of the study failed: see that step's gradshare.failure_reason"
+        tag(T.FAILURE, text or type(exc).__name__)
         raise
     print("\n[gradshare] step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     print(f"[gradshare] study {args.study!r} done in {time.perf_counter() - t0:.0f}s")

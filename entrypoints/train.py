@@ -12,6 +12,8 @@ A run that cannot start, diverges or is stopped ends FAILED with gradshare.failu
 """
 from __future__ import annotations
 
+import os
+
 from entrypoints.common import parse, study_parser
 from gradshare.plan import ARM_KINDS
 
@@ -32,6 +34,12 @@ def main(argv=None) -> None:
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
     if launch.machine_rank > 0:  # only machine rank 0 owns the arm's MLflow run
         T.setup(args.study)
+        launcher = os.environ.get("MLFLOW_RUN_ID")
+        if launcher:  # a launcher's run for this host: say what it is and that it lives
+            from gradshare.orphans import process_tags
+
+            for key, value in (T.study_tags(args.study, "train-host", "", args.arm) | process_tags()).items():
+                T.client().set_tag(launcher, key, value)
         try:
             run_secondary_host(args.study, args.arm, launch)
         except T.StudyError as exc:

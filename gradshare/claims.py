@@ -39,6 +39,7 @@ class Entry:
     status: str  # the run's status when read: RUNNING, FINISHED, FAILED, KILLED, or MISSING
     refusal: bool  # the run was refused: it is no attempt and holds nothing
     reason: str | None = None
+    attempted: bool = False  # the run was told it may start (tag gradshare.attempt)
 
     @property
     def live(self) -> bool:
@@ -46,8 +47,10 @@ class Entry:
 
     @property
     def attempt(self) -> bool:
-        """A train entry that was allowed to start (whatever became of it)."""
-        return self.step == "train" and not self.refusal
+        """A train entry that was allowed to start (whatever became of it). A claimant that
+        died between its claim and its decision made no attempt; while it is still RUNNING
+        it counts, so that it blocks as the attempt it may become."""
+        return self.step == "train" and not self.refusal and (self.attempted or self.status in LIVE)
 
 
 def _key(index: int) -> str:
@@ -59,10 +62,24 @@ def _raw(prep_run_id: str) -> dict[int, str]:
     return {int(k[len(PREFIX):]): v for k, v in params.items() if k.startswith(PREFIX)}
 
 
+def check_atomic_store() -> None:
+    """Claims need a store that refuses a second value for a param key atomically: a SQL
+    database, directly or behind a tracking server. MLflow's file store checks, then writes."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    scheme = uri.split(":", 1)[0] if "://" in uri or uri.startswith(("file:", "sqlite:")) else "file"
+    if scheme == "file":
+        raise T.StudyError(f"the tracking store {uri} is a file store, whose parameters can be written "
+                           f"twice at once: claims cannot be atomic there. Use sqlite:///mlflow.db (the "
+                           f"default) or a tracking server")
+
+
 def append(prep_run_id: str, step: str, arm: str | None, run_id: str, tries: int = 200) -> int:
     """Write `step:arm:run_id` at the next free index of the ledger; returns that index."""
     from mlflow.exceptions import MlflowException
 
+    check_atomic_store()
     value = f"{step}:{arm or '-'}:{run_id}"
     for attempt in range(tries):
         raw = _raw(prep_run_id)
@@ -94,10 +111,12 @@ def entries(prep_run_id: str, before: int | None = None) -> list[Entry]:
         try:
             run = T.client().get_run(run_id)
             status, tags = run.info.status, run.data.tags
-        except MlflowException:
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise  # a store that could not answer says nothing about the claim: never read as absent
             status, tags = "MISSING", {}
         out.append(Entry(index, step, None if arm == "-" else arm, run_id, status,
-                         tags.get(T.REFUSAL) == "true", tags.get(T.FAILURE)))
+                         tags.get(T.REFUSAL) == "true", tags.get(T.FAILURE), T.ATTEMPT in tags))
     return out
 
 

@@ -40,9 +40,15 @@ def _mlflow_run_params() -> dict | None:
         return None
     uri = params.get("uri") or ""
     mlproject = Path(uri) / "MLproject"
-    if not mlproject.is_file() or f"name: {PROJECT_NAME}" not in mlproject.read_text():
+    if not mlproject.is_file():
         return None
-    return params
+    import yaml
+
+    try:
+        name = (yaml.safe_load(mlproject.read_text()) or {}).get("name")
+    except yaml.YAMLError:
+        return None
+    return params if name == PROJECT_NAME else None
 
 
 def _refuse(line: str) -> None:
@@ -77,6 +83,16 @@ class StudyExperimentProvider(DefaultExperimentProvider):
         return _mlflow_run_params() is not None
 
     def get_experiment_id(self) -> str:
+        # MLflow's provider loop turns an exception into a warning and the Default experiment,
+        # which would split the study: any failure here refuses instead.
+        try:
+            return self._experiment_id()
+        except SystemExit:
+            raise
+        except Exception as exc:
+            _refuse(f"could not place this run in its study's experiment ({type(exc).__name__}: {exc})")
+
+    def _experiment_id(self) -> str:
         from mlflow.projects._project_spec import load_project
 
         from gradshare import tracking as T

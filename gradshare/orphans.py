@@ -4,12 +4,14 @@ A run can be left RUNNING by things gradshare never sees: `mlflow run` creating 
 and then failing to find conda, a machine that lost power, a `kill -9`. Every step of a
 study first sweeps the study's experiment (`sweep(study)`, called by `tracking.setup`):
 
-  - a run whose step tagged it with its process (`gradshare.pid`, `gradshare.pid_started`,
-    `gradshare.host_id`) on this host, and that process is gone (or its pid now belongs to
-    another process), is orphaned at once;
+  - a run whose step tagged it with its process (`gradshare.pid`, its start in clock ticks
+    since boot `gradshare.pid_started`, and `gradshare.host_id`: this network stack, boot
+    and pid namespace), and that process is gone (or its pid now belongs to another
+    process), is orphaned at once;
   - a run that no gradshare step ever tagged, older than the grace time
     (`GRADSHARE_STALE_GRACE_S`, default 120 s: a launcher's step tags its run within
-    seconds), is orphaned; one that asked for conda on a machine without it says so;
+    seconds; an hour where MLflow may still be building a conda or virtualenv environment),
+    is orphaned; one that asked for conda on a machine without it says so;
   - a run whose process lives on another host is left alone: its liveness cannot be
     read from here (that host's next step sweeps it).
 
@@ -24,32 +26,49 @@ import time
 PID, PID_STARTED, HOST_ID = "gradshare.pid", "gradshare.pid_started", "gradshare.host_id"
 GRACE_ENV = "GRADSHARE_STALE_GRACE_S"
 DEFAULT_GRACE_S = 120.0
+BUILD_GRACE_S = 3600.0  # a launcher building a conda/virtualenv environment tags its run late
+
+
+def _scope() -> str:
+    """Where a pid means one process: this network stack and boot (metering's host id) and
+    this pid namespace (containers sharing a host's network still have pids of their own)."""
+    import hashlib
+
+    from gradshare.metering import host_identity
+
+    try:
+        pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pid_ns = ""
+    return hashlib.sha256(f"{host_identity()[0]}\0{pid_ns}".encode()).hexdigest()
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start in clock ticks since boot (/proc/<pid>/stat, field 22): unlike a
+    wall-clock start time it does not move when the clock is stepped."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]
 
 
 def process_tags() -> dict[str, str]:
     """Tags that let a later step tell whether this process still runs."""
-    import psutil
-
-    from gradshare.metering import host_identity
-
-    me = psutil.Process()
-    return {PID: str(me.pid), PID_STARTED: f"{me.create_time():.3f}", HOST_ID: host_identity()[0]}
+    pid = os.getpid()
+    return {PID: str(pid), PID_STARTED: _start_ticks(pid) or "", HOST_ID: _scope()}
 
 
 def _alive(tags: dict) -> bool | None:
     """True/False where this host can tell; None where it cannot (other host, untagged)."""
-    import psutil
-
-    from gradshare.metering import host_identity
-
-    if PID not in tags or tags.get(HOST_ID) != host_identity()[0]:
+    if PID not in tags or tags.get(HOST_ID) != _scope():
         return None
     try:
-        p = psutil.Process(int(tags[PID]))
-        # the same pid, started at another time, is another process
-        return abs(p.create_time() - float(tags.get(PID_STARTED, "0"))) < 0.01
-    except (psutil.NoSuchProcess, ValueError):
+        ticks = _start_ticks(int(tags[PID]))
+    except ValueError:
         return False
+    # no such process, or the same pid started at another moment: another process
+    return ticks is not None and ticks == tags.get(PID_STARTED)
 
 
 def _what(run) -> str:
@@ -68,6 +87,9 @@ def _why(run, alive: bool | None) -> str | None:
         return f"its process {tags[PID]} on this host is gone"
     if alive is None and PID not in tags:
         grace = float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S))
+        if tags.get("mlflow.project.env") in ("conda", "virtualenv", "uv") and not (
+                tags.get("mlflow.project.env") == "conda" and shutil.which("conda") is None):
+            grace = max(grace, BUILD_GRACE_S)  # MLflow may still be building that environment
         age = time.time() - run.info.start_time / 1000
         if age < grace:
             return None

@@ -133,6 +133,10 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         print(f"[gradshare] launcher run {run_id} is outside experiment {study!r}; "
               f"starting the step's run in {study!r} (use --experiment-name {study})", file=sys.stderr)
         run_id = None
+    if run_id and client().get_run(run_id).info.status != "RUNNING":
+        # A sweep took the launcher's run for an orphan before this step could tag it (a slow
+        # environment build): the step is alive after all, so the reason no longer holds.
+        client().delete_tag(run_id, FAILURE)
     run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
                            log_system_metrics=system_metrics)
     status = "FAILED"

@@ -27,8 +27,9 @@ def _train(study, arm, env=None, check=False):
     return run_entry("train", "--study", study, "--arm", arm, env=env, check=check)
 
 
-def _entry(index, step, arm, status, refusal=False, run_id=None):
-    return claims.Entry(index, step, arm, run_id or f"r{index}", status, refusal, None)
+def _entry(index, step, arm, status, refusal=False, run_id=None, attempted=None):
+    attempted = (step == "train" and not refusal) if attempted is None else attempted
+    return claims.Entry(index, step, arm, run_id or f"r{index}", status, refusal, None, attempted)
 
 
 # -- the decisions, on ledgers written out by hand ---------------------------------------
@@ -39,6 +40,14 @@ def test_a_failed_arm_is_not_re_run_when_the_plan_allows_one_attempt():
         claims.decide_train(prefix, "dense", max_attempts=1)
     assert claims.decide_train(prefix, "dense", max_attempts=2) == 2
     assert claims.decide_train(prefix, "single", max_attempts=1) == 1
+
+
+def test_a_claimant_that_died_before_its_decision_made_no_attempt():
+    died = _entry(1, "train", "dense", "FAILED", attempted=False)  # e.g. Ctrl-C between claim and decision
+    assert claims.decide_train([died], "dense", max_attempts=1) == 1
+    deciding = _entry(1, "train", "dense", "RUNNING", attempted=False)  # may still become one: blocks
+    with pytest.raises(T.Refusal, match="never overlapping"):
+        claims.decide_train([deciding], "dense", max_attempts=1)
 
 
 def test_refusals_are_not_attempts_and_hold_nothing():

@@ -28,7 +28,8 @@ def _all_runs() -> list:
 
 
 def test_the_design_cards_literal_command_without_conda_says_what_to_do_and_leaves_no_run(mlflow_server):
-    assert not any(os.access(os.path.join(d, "conda"), os.X_OK) for d in os.environ["PATH"].split(":"))
+    if any(os.access(os.path.join(d, "conda"), os.X_OK) for d in os.environ["PATH"].split(":")):
+        pytest.skip("conda is installed here: the literal command would build its environment and run")
     before = {r.info.run_id for r in _all_runs()}
     proc = _mlflow_run("-e", "train", "-P", "arm=dense")
     assert proc.returncode != 0
