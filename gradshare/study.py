@@ -58,5 +58,5 @@ def ui_hint(study: str) -> str:
     eid = exp.experiment_id if exp else "?"
     if uri.startswith("http"):
         return f"open {uri}/#/experiments/{eid}"
-    return (f"mlflow ui --backend-store-uri {uri} --port 5000   # then open "
+    return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open "
             f"http://127.0.0.1:5000/#/experiments/{eid}")
