@@ -8,20 +8,17 @@
 The GPU side of the same checks (CUDA streams, pinned copies) runs in
 `benchmarks/arms_one_gpu.py` and is recorded in BENCHMARKS.md.
 """
-import os
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradshare.plan import PlanError, load_plan
-from gradshare.train.driver import free_port
+from tests.two_ranks import run_two_ranks
 from gradshare.train.powersgd import (
     FastHostErrorPowerSGDState,
     fast_host_error_powerSGD_hook,
@@ -97,20 +94,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("fastpath")
-    import torch._dynamo  # noqa: F401  (what DDP imports lazily, before the fork)
-    method = os.environ.get("GRADSHARE_TEST_START_METHOD") or ("spawn" if torch.cuda.is_available() else "fork")
-    ctx = mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD, join=False,
-                             start_method=method)
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail("two-rank fast-path run timed out")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return run_two_ranks(_worker, out_dir, WORLD, "fast-path")
 
 
 @pytest.mark.parametrize("variant", ["qr", "cholesky-qr2"])

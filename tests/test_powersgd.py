@@ -5,14 +5,11 @@ communicated: with identical seeds and batches its averaged gradients must equal
 upstream `powerSGD_hook` with device error feedback at every exchange, across the
 warm-up boundary and while the error accumulates.
 """
-import os
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
@@ -21,7 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gradshare.train.driver import free_port
+from tests.two_ranks import run_two_ranks
 from gradshare.train.powersgd import (
     HostErrorPowerSGDState,
     host_error_powerSGD_hook,
@@ -113,24 +110,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("powersgd")
-    # fork, after importing what DDP() imports lazily (torch._dynamo, seconds per process),
-    # so the ranks start in milliseconds; each rank sets one intra-op thread first. Where a
-    # GPU is present the parent holds driver threads, and forked ranks died on the H200
-    # image (torch 2.11): spawn there.
-    import torch._dynamo  # noqa: F401
-    method = os.environ.get("GRADSHARE_TEST_START_METHOD") or ("spawn" if torch.cuda.is_available() else "fork")
-    ctx = mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD,
-                             join=False, start_method=method)
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):  # raises if a rank failed
-            if time.monotonic() > deadline:
-                pytest.fail("two-rank PowerSGD run timed out")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return run_two_ranks(_worker, out_dir, WORLD, "PowerSGD")
 
 
 def _flat(grads: list[torch.Tensor]) -> torch.Tensor:
