@@ -111,7 +111,6 @@ def test_faster_with_more_gpu_time_is_called_a_time_reduction_not_a_cost_reducti
 
 
 def test_random_seed_weights_get_no_quality_verdict_but_a_speed_verdict():
-    import dataclasses
     from analysis.preconditions import screen_word
     rec = record()
     rec.plan = load_plan("full")  # random-qwen3-1.7b: throughput work only
