@@ -16,7 +16,7 @@ from gradshare import metrics as M
 from gradshare import tracking as T
 from gradshare.hashing import read_jsonl
 
-STEP_METRICS = (M.TRAIN_LOSS, M.TOKENS_PER_S, M.LOGICAL_BYTES, M.WIRE_TX_BYTES, M.WIRE_RX_BYTES,
+STEP_METRICS = (M.TRAIN_LOSS, M.STEP_S, M.TOKENS_PER_S, M.LOGICAL_BYTES, M.WIRE_TX_BYTES, M.WIRE_RX_BYTES,
                 M.LOOPBACK_BYTES)
 
 
@@ -31,6 +31,7 @@ class ArmRecord:
     hosts: list = field(default_factory=list)
     # the arm's attempts, oldest first: {"attempt", "run_id", "status", "failure_reason"}
     attempts: list = field(default_factory=list)
+    params: dict = field(default_factory=dict)  # the train run's parameters (link, launch, ...)
 
 
 @dataclass
@@ -62,7 +63,7 @@ def collect(study: str) -> StudyRecord:
             continue
         run = c.get_run(entry["run_id"])
         rec = ArmRecord(arm, entry["status"], entry["run_id"], entry.get("failure_reason"),
-                        dict(run.data.metrics), attempts=attempts_of(entry))
+                        dict(run.data.metrics), attempts=attempts_of(entry), params=dict(run.data.params))
         if entry["status"] == "FINISHED":
             rec.histories = {k: sorted((m.step, m.value) for m in c.get_metric_history(entry["run_id"], k))
                              for k in STEP_METRICS}

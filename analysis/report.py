@@ -142,7 +142,28 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
         ax.legend(fontsize=8)
         paths.append(_save(fig, out / fname))
     paths.append(_loss_gap(rec, out, plt))
+    if "study_hosts" in (v.get("projection") or {}):
+        paths.append(_projected_speed(v, rec.plan.screen.speed_ratio, out, plt))
     return paths
+
+
+def _projected_speed(v: dict, threshold: float, out: Path, plt) -> Path:
+    """Projected speed ratio on the study's two hosts against the link rate, with the screen."""
+    h = v["projection"]["study_hosts"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for arm in sorted({r["arm"] for r in h["by_rate"]}):
+        pts = [(r["rate_mbit"] / 1e3, r["speed_ratio"]) for r in h["by_rate"] if r["arm"] == arm]
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", label=arm)
+    ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8,
+               label="speed screen")
+    ax.axvline(h["link_mbit"] / 1e3, color="grey", linestyle=":", linewidth=0.8, label="plan's link")
+    ax.set_xscale("log")
+    ax.set_xlabel("cross-zone link, Gbit/s each way")
+    ax.set_ylabel("speed ratio vs single")
+    ax.set_title("Projected speed on the study's two hosts")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "projected_speed_ratio.png")
 
 
 def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
@@ -183,6 +204,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
     if v.get("emulation"):
         md += [f"> **{v['emulation'].capitalize()}.** The arms ran as CPU processes on one machine; their "
                f"times and dollars describe that machine. The study's hosts appear only as a projection.", ""]
+    md += _links(v)
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
            "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) | reason |",
            "|" + "---|" * (len(fams) + 5)]
@@ -236,10 +258,66 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
            "not in these figures or in the budget line.", ""]
+    md += _projection(v.get("projection") or {})
     md += _attempts(rec)
     md += ["## Plots", ""]
     md += [f"![{p.stem}]({p.name})" for p in plot_paths]
     return "\n".join(md) + "\n"
+
+
+def _rate(mbit) -> str:
+    if mbit is None:
+        return "loopback"
+    return f"{mbit / 1e3:g} Gbit/s" if mbit >= 1e3 else f"{mbit:g} Mbit/s"
+
+
+def _projection(p: dict) -> list[str]:
+    """Projected speed and dollars (`gradshare.projection`): the study's hosts from declared
+    figures, and this study's machine at other link rates from its own measurements."""
+    if not p:
+        return []
+    md = ["## Projection (`gradshare project`)", ""]
+    if "reason" in p:
+        return md + [f"Not available: {p['reason']}.", ""]
+    h = p["study_hosts"]
+    md += [f"**The study's hosts** — {h['machine']}; two hosts in two zones over {_rate(h['link_mbit'])}; "
+           f"{h['source']}. Declared figures, not a measurement.", "",
+           "| arm | hosts | s/update | speed ratio vs single | GPU-s | cross-zone GB | $ |",
+           "|---|---|---|---|---|---|---|"]
+    for r in h["rows"]:
+        md.append(f"| {r['arm']} | {r['hosts']} | {r['s_per_update']:.3f} | {r['speed_ratio']:.2f} | "
+                  f"{r['gpu_s']:,.0f} | {r['cross_zone_bytes'] / 1e9:,.1f} | {r['usd']:.2f} |")
+    m = p.get("measured") or {}
+    md += [""]
+    if "reason" in m:
+        md += [f"**This study's machine:** not projected: {m['reason']}.", ""]
+    elif m:
+        md += [f"**This study's machine** at other link rates, from its own medians (one device's update "
+               f"{m['single_s']:.3f} s; each arm's own seconds beyond compute and link: "
+               + ", ".join(f"{a} {x:+.3f} s" for a, x in m["extra_s"].items()) + "):", "",
+               "| arm | link | s/update projected | measured | speed ratio vs single |", "|---|---|---|---|---|"]
+        for r in m["rows"]:
+            got = r.get("measured_s_per_update")
+            md.append(f"| {r['arm']} | {_rate(r['rate_mbit'])} | {r['s_per_update']:.3f} | "
+                      f"{_fmt(got)} | {r['speed_ratio']:.2f} |")
+        md += [""]
+    md += ["Model: one rank's half of one device's update, plus the arm's own seconds, plus a ring "
+           "all-reduce of its logical bytes at the link rate with TCP/IP headers; latency is not "
+           "modelled (nor emulated). Formula and inputs: `gradshare/projection.py`.", ""]
+    return md
+
+
+def _links(v: dict) -> list[str]:
+    """What carried each arm's gradient exchange; a loud line where no byte crossed a link."""
+    links = {arm: a.get("link") for arm, a in v["arms"].items() if arm != "seed" and a.get("link")}
+    if not links:
+        return []
+    md = ["## Where the arms ran", "", "| arm | link |", "|---|---|"]
+    md += [f"| {arm} | {_cell(link)} |" for arm, link in links.items()]
+    if any(link.startswith("loopback") for link in links.values()):
+        md += ["", "> **A two-process arm exchanged over loopback:** no byte crossed a link, so its "
+               "speed says nothing about the study's cross-zone exchange; see the projection."]
+    return md + [""]
 
 
 def _attempts(rec: StudyRecord) -> list[str]:

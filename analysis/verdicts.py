@@ -33,7 +33,8 @@ def compute(rec: StudyRecord) -> dict:
     committed = {e["arm"]: e for e in (rec.commitment or {}).get("arms", [])}
     for name, a in rec.arms.items():
         arms[name] = {"status": a.status, "failure_reason": a.failure_reason, "run_id": a.run_id,
-                      "attempts": (committed.get(name) or {}).get("attempts", [])}
+                      "attempts": (committed.get(name) or {}).get("attempts", []),
+                      "link": a.params.get("link")}
     for name, entry in arms.items():
         s = rec.scores.get(name)
         entry["accuracy"] = accuracy_by_family(s["test"]) if s else None
@@ -69,9 +70,20 @@ def compute(rec: StudyRecord) -> dict:
         "speed_screen": speed_screen(plan, pre["speed_screen"], rec, costs),
         "cost": costs, "budget": study_budget(plan, costs),
         "seed_model": rec.plan.model.source,
+        "projection": _projection(rec),
         "emulation": (f"{plan.study.profile} profile, CPU emulation: speed and dollars are not the study's"
                       if plan.emulated else None),
     }
+
+
+def _projection(rec: StudyRecord) -> dict:
+    """The report's projection; a failure to project is a line in the report, never a lost analysis."""
+    from analysis import projected
+
+    try:
+        return projected.compute(rec)
+    except Exception as exc:  # noqa: BLE001 - the verdicts stand without it
+        return {"reason": f"projection failed: {type(exc).__name__}: {exc}"}
 
 
 def _missing(rec: StudyRecord, *models: str) -> str:

@@ -5,7 +5,10 @@
 
 Runs prepare, the arms single, dense and powersgd in sequence (never overlapping),
 commit, score and analyze; prints the verdicts and the command that opens the
-MLflow UI on the study.
+MLflow UI on the study. `--hosts` (`-P hosts=`): `auto` (default) runs the two-process
+arms across two emulated hosts joined by the plan's shaped link where this machine
+allows it (root, `ip`, `tc`) and over loopback otherwise, saying so; `emulated` refuses
+instead of falling back; `loopback` never emulates.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from entrypoints.common import parse, study_parser, truthy
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__, makes_plan=True)
+    ap.add_argument("--hosts", default="auto", choices=("auto", "emulated", "loopback"),
+                    help="where the two-process arms run (default auto)")
     args, overrides = parse(ap, argv)
 
     from gradshare import tracking as T
@@ -36,7 +41,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     try:
         tag(T.PLAN_SHA, load_plan(args.profile, overrides).sha256())
-        timings = run_study(args.study, args.profile, truthy(args.new_study), overrides)
+        timings = run_study(args.study, args.profile, truthy(args.new_study), overrides, args.hosts)
     except BaseException as exc:  # an interrupt too: the study's run says why it ended
         text = str(exc)
         if isinstance(exc, KeyboardInterrupt):

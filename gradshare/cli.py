@@ -4,13 +4,14 @@
     gradshare train --study gradshare-tiny --arm dense
     gradshare commit|score|analyze --study gradshare-tiny
     gradshare study --study gradshare-tiny --new-study true
+    gradshare project [--study gradshare-tiny]      # speed and dollars on the study's hosts, 2-64 hosts
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-STEPS = ("prepare", "train", "commit", "score", "analyze", "study")
+STEPS = ("prepare", "train", "commit", "score", "analyze", "study", "project")
 
 
 def main(argv=None) -> None:
@@ -18,7 +19,8 @@ def main(argv=None) -> None:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in STEPS:
         print(__doc__)
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    importlib.import_module(f"entrypoints.{argv[0]}").main(argv[1:])
+    module = "gradshare.projection" if argv[0] == "project" else f"entrypoints.{argv[0]}"
+    importlib.import_module(module).main(argv[1:])
 
 
 if __name__ == "__main__":

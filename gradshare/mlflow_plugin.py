@@ -68,6 +68,12 @@ def _check(params: dict, values: dict[str, str]) -> None:
     entry = params.get("entry_point")
     if entry == "train" and arm is not None and arm not in ARM_KINDS:
         _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")
+    hosts = values.get("hosts")
+    if entry == "study" and hosts is not None:
+        from gradshare.emulated import MODES
+
+        if hosts not in MODES:
+            _refuse(f"-P hosts={hosts} is not a choice: choose one of {', '.join(MODES)}")
     if entry in ("prepare", "study"):  # the steps that fix the plan: refuse a plan that cannot be
         from gradshare.plan import PlanError, load_plan
 

@@ -53,8 +53,10 @@ class ArmsPlan:
     """Processes (GPUs) of the `powersgd` arm: DDP with the PowerSGD hook."""
     max_attempts: int = 1
     """Attempts an arm may make; 1: an arm that failed is never re-run. Every attempt is recorded."""
-    expected_update_s: float = 0.5
-    """Expected seconds per update of the slowest arm on the planned hardware (2-core CPU here)."""
+    expected_update_s: float = 2.5
+    """Expected seconds per update of the slowest arm on the planned hardware: here the tiny dense
+    arm across the emulated hosts, a 5.77 MB exchange over the 22 Mbit/s link (`LinkPlan`, 2.2 s
+    with headers) plus one rank's compute (0.2 s), on a 2-core CPU."""
     startup_s: float = 180.0
     """Seconds allowed for an arm's start-up (model load, process group) and its checkpoint."""
     timeout_margin: float = 4.0
@@ -223,6 +225,18 @@ class InfraPlan:
     """Declared price of `cpu_host` on `price_date`; the study's hosts appear beside it as a projection."""
     deadline_hours: float = 6.0
     budget_usd: float = 100.0
+    # --- the study's hosts as the projection (`gradshare.projection`) assumes them ---
+    link_gbit: float = 20.0
+    """Cross-zone bandwidth of one host, each way: AWS lists g6e.2xlarge at "up to 20 Gigabit"
+    (EC2 G6e instance table), a ceiling, so projections from it are the most favourable."""
+    gpu_dense_tflops: float = 362.0
+    """L40S dense BF16 tensor rate, NVIDIA's L40S datasheet (733 is with sparsity)."""
+    gpu_utilisation: float = 0.40
+    """Assumed fraction of `gpu_dense_tflops` a training update reaches (forward, backward, AdamW)."""
+    powersgd_extra_s: float = 0.18
+    """Seconds per update PowerSGD adds over dense on one GPU: the fast hook on one H200,
+    0.616 - 0.436 s (BENCHMARKS.md, commit 26109cf). An L40S has 864 GB/s of memory
+    bandwidth to the H200's 4.8 TB/s, so there it is likely larger: a favourable figure."""
 
 
 @dataclass(frozen=True)
@@ -234,14 +248,11 @@ class LinkPlan:
 
     study (full profile, one L40S per host, hosts in two zones):
       exchange  6.9 GB (the FP32 gradient of 1.72e9 parameters; each of two ring all-reduce
-                ranks sends and receives its logical volume once) over 20 Gbit/s, the network
-                bandwidth AWS lists for g6e.2xlarge ("up to 20 Gigabit", the EC2 G6e instance
-                table; a ceiling, so this is the study's most favourable link):
-                6.9e9 x 8 / 20e9 = 2.76 s
+                ranks sends and receives its logical volume once) over `infra.link_gbit`
+                = 20 Gbit/s: 6.9e9 x 8 / 20e9 = 2.76 s
       compute   one rank's half of an update, 16 documents x 512 tokens = 8,192 tokens at
-                6 x 1.72e9 FLOP per token = 8.45e13 FLOP, on an L40S at 362 TFLOP/s dense BF16
-                (NVIDIA's L40S datasheet; 733 is with sparsity) and an assumed 40% utilisation:
-                8.45e13 / 1.45e14 = 0.58 s
+                6 x 1.72e9 FLOP per token = 8.45e13 FLOP, on an L40S at `infra.gpu_dense_tflops`
+                = 362 TFLOP/s and `infra.gpu_utilisation` = 40%: 8.45e13 / 1.45e14 = 0.58 s
       multiple  2.76 / 0.58 = 4.7
     tiny (this profile, one CPU thread per process):
       compute   one rank's half of an update, 16 documents x 128 tokens (the truncation

@@ -4,6 +4,12 @@ exactly as a user would start it, so that every step is recorded the same way.
 
 An arm that fails stays FAILED and the study goes on to commit it as such; a
 failure of prepare, commit, score or analyze stops the study.
+
+The two-process arms run across two emulated hosts joined by the plan's shaped link
+(`gradshare.emulated`) when the machine allows it (`hosts=auto`: root, `ip`, `tc`, a
+tracking store the namespaces reach); otherwise over loopback, which the output and the
+report say, with the reason. `hosts=emulated` refuses instead of falling back;
+`hosts=loopback` never emulates.
 """
 from __future__ import annotations
 
@@ -29,12 +35,32 @@ def _step(entry: str, study: str, params: dict) -> tuple[bool, float]:
         return False, time.perf_counter() - t0
 
 
-def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, str]) -> dict:
+def _arm_across(study: str, arm: str, plan) -> tuple[bool, float]:
+    from gradshare.emulated import run_arm_across
+
+    t0 = time.perf_counter()
+    print(f"\n[gradshare] ── train arm={arm} across two emulated hosts, {plan.link.rate_mbit:g} Mbit/s", flush=True)
+    # the driver stops the arm at the plan's limit; this one only catches a launch that never ends
+    ok = run_arm_across(study, arm, plan.link.rate_mbit, plan.arms.timeout_s(plan.schedule.updates) + 300)
+    if not ok:
+        print(f"[gradshare] train arm={arm} ended FAILED: see its run's gradshare.failure_reason", flush=True)
+    return ok, time.perf_counter() - t0
+
+
+def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, str], hosts: str = "auto") -> dict:
+    from gradshare.emulated import LINK_ENV, absolute_tracking_env, choose_link
     from gradshare.plan import load_plan
 
     from gradshare.prepare import archive_existing_study
 
     plan = load_plan(profile, overrides)  # refuse an impossible plan before anything runs
+    # every step runs in the checkout: a relative SQLite path must mean this directory's file
+    import mlflow
+
+    os.environ.update(absolute_tracking_env())
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    link = choose_link(hosts, plan)
+    print(f"[gradshare] two-process arms: {link.note}", flush=True)
     if new_study and (archived := archive_existing_study(study)):
         print(f"[gradshare] earlier study archived as experiment {archived!r}")
     timings = {}
@@ -42,7 +68,15 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     if not ok:
         raise SystemExit("prepare failed: see its run's gradshare.failure_reason")
     for arm in plan.arms.names:  # one after another, never overlapping
-        _, timings[f"train-{arm}"] = _step("train", study, {"arm": arm})
+        if plan.arms.processes(arm) == 2 and link.emulated:
+            _, timings[f"train-{arm}"] = _arm_across(study, arm, plan)
+            continue
+        if plan.arms.processes(arm) > 1:
+            os.environ[LINK_ENV] = link.note  # the arm's run logs it as its `link`
+        try:
+            _, timings[f"train-{arm}"] = _step("train", study, {"arm": arm})
+        finally:
+            os.environ.pop(LINK_ENV, None)
     for entry in ("commit", "score", "analyze"):
         ok, timings[entry] = _step(entry, study, {})
         if not ok:

@@ -2,8 +2,10 @@
 
     # hold two hosts until Ctrl-C, with the tracking server at 127.0.0.1:5000 reachable from both
     sudo python scripts/two_hosts.py up --rate-mbit 22 --bridge-port 5000
-    # one arm of a prepared study across them (link rate from the study's plan), then tear down
-    sudo MLFLOW_TRACKING_URI=http://127.0.0.1:5000 python scripts/two_hosts.py run --study S --arm dense
+    # one arm of a prepared study across two fresh hosts (link rate from the study's plan), each
+    # machine rank started with `mlflow run`; then tear down. The tracking store: a SQLite file, or
+    # a server on this machine's 127.0.0.1 (both hosts reach it through a bridge)
+    sudo python scripts/two_hosts.py run --study S --arm dense
     # remove what an interrupted use left behind (namespaces whose maker is gone)
     sudo python scripts/two_hosts.py down
 
@@ -12,13 +14,11 @@ The link carries 198.18.0.1 (host 0) <-> 198.18.0.2 (host 1) only; latency is no
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -34,9 +34,9 @@ def _need_hosts() -> None:
 
 
 def _train_cmd(hosts, rank: int, study: str, arm: str, port: int) -> list[str]:
-    return hosts.exec(rank) + [sys.executable, "-m", "entrypoints.train", "--study", study, "--arm", arm,
-                               "--num-machines", "2", "--machine-rank", str(rank),
-                               "--main-process-ip", hosts.addr[0], "--main-process-port", str(port)]
+    from gradshare.emulated import machine_rank_command
+
+    return hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0], port)
 
 
 def up(args) -> None:
@@ -64,23 +64,15 @@ def up(args) -> None:
 def run(args) -> None:
     _need_hosts()
     from gradshare import store
+    from gradshare.emulated import choose_link, run_arm_across
 
     _, plan = store.prepared_plan(args.study)
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    parsed = urlparse(uri)
-    if parsed.hostname not in ("127.0.0.1", "localhost") or not parsed.port:
-        raise SystemExit("two_hosts run: set MLFLOW_TRACKING_URI=http://127.0.0.1:PORT (a tracking server "
-                         "on this machine's loopback; both hosts reach it through a bridge)")
-    with netns.two_hosts(plan.link.rate_mbit) as hosts:
-        hosts.bridge(parsed.port)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **hosts.env}
-        print(f"[two_hosts] arm {args.arm} across {hosts.ns[0]} and {hosts.ns[1]} at "
-              f"{plan.link.rate_mbit:g} Mbit/s", flush=True)
-        procs = [subprocess.Popen(_train_cmd(hosts, r, args.study, args.arm, args.port), cwd=REPO, env=env)
-                 for r in (0, 1)]
-        rcs = [p.wait() for p in procs]
-    if any(rcs):
-        raise SystemExit(f"two_hosts run: machine ranks exited {rcs}")
+    link = choose_link("emulated", plan)  # refuses with the reason (a tracking server it cannot reach)
+    print(f"[two_hosts] arm {args.arm}: {link.note}", flush=True)
+    ok = run_arm_across(args.study, args.arm, plan.link.rate_mbit,
+                        plan.arms.timeout_s(plan.schedule.updates) + 300)
+    if not ok:
+        raise SystemExit(f"two_hosts run: arm {args.arm} ended FAILED: see its run's gradshare.failure_reason")
 
 
 def down(args) -> None:
@@ -102,7 +94,6 @@ def main(argv=None) -> None:
     p = sub.add_parser("run", help="one arm of a prepared study across two fresh hosts")
     p.add_argument("--study", required=True)
     p.add_argument("--arm", required=True, choices=("dense", "powersgd"))
-    p.add_argument("--port", type=int, default=29500, help="rendezvous port on host 0")
     p.set_defaults(fn=run)
     p = sub.add_parser("down", help="remove the namespaces of gradshare users that are gone")
     p.add_argument("--all", action="store_true", help="also those of running users (their runs break)")

@@ -3,11 +3,13 @@ left RUNNING, bad parameters refused before they leave a trace."""
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import mlflow
 import pytest
 
-from gradshare import orphans
+from gradshare import netns, orphans
 from gradshare import tracking as T
 from tests.conftest import REPO, SMALL, run_entry
 
@@ -139,8 +141,15 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     # the study's own launcher lived all along: no step took it for an orphan (it is minutes old)
     assert not [r for r in runs if r.data.tags.get(T.FAILURE, "").startswith("orphaned")]
     assert len(T.client().search_runs(["0"])) == default_before
+    # the two-process arms crossed the emulated link where this machine can make one (root on CI)
+    links = {r.data.tags[T.ARM]: r.data.params.get("link", "") for r in runs if r.data.tags.get(T.STEP) == "train"}
+    want = "loopback: both ranks on one host" if netns.unavailable() else "emulated: two hosts"
+    assert links["single"] == "none: one process"
+    assert links["dense"].startswith(want) and links["powersgd"].startswith(want), links
+    assert f"two-process arms: {want}" in first.stdout
 
-    second = _mlflow_run(*args, env={orphans.GRACE_ENV: "0"})
+    # the second asks for loopback: it says so, and its report's link table shows it
+    second = _mlflow_run(*args, "-P", "hosts=loopback", env={orphans.GRACE_ENV: "0"})
     assert second.returncode == 0, second.stderr[-3000:]
     archived = [e for e in T.client().search_experiments() if e.name.startswith(f"{study}@archived-")]
     assert len(archived) == 1
@@ -148,6 +157,11 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     assert {r.info.run_id for r in moved} == {r.info.run_id for r in runs}  # the whole first study
     fresh = T.client().search_runs([mlflow.get_experiment_by_name(study).experiment_id], max_results=1000)
     assert sum(r.data.tags.get(T.STEP) == "study" for r in fresh) == 1
+    assert "two-process arms: loopback: both ranks on one host, as asked (hosts=loopback)" in second.stdout
+    [analyze] = [r for r in fresh if r.data.tags.get(T.STEP) == "analyze"]
+    report = T.download(analyze.info.run_id, "report.md", Path(tempfile.mkdtemp())).read_text()
+    assert "| dense | loopback: both ranks on one host, as asked" in report
+    assert "A two-process arm exchanged over loopback" in report
 
 
 def test_a_misspelt_plan_field_is_refused_before_any_run_with_the_nearest_name(mlflow_server):

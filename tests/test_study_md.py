@@ -92,7 +92,7 @@ def test_the_prose_states_no_plan_number_outside_the_generated_blocks(study_md, 
     assert NUMBER_WORDS.findall(prose) == []
     # ... while the blocks do state them, from the plan.
     blocks = "".join(study_md.blocks_in(text).values())
-    for shown in ("1.10 x", "+0.02 nats", "+10 pp", "-3 pp", "1.96", "436 s", "5,296 s", "2.24208"):
+    for shown in ("1.10 x", "+0.02 nats", "+10 pp", "-3 pp", "1.96", "1,460 s", "5,296 s", "2.24208"):
         assert shown in blocks
 
 

@@ -92,7 +92,7 @@ def two_host_study(hosts):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "run", "--study", study,
                            "--arm", "powersgd"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"at {PLAN.link.rate_mbit:g} Mbit/s" in proc.stdout
+    assert f"joined by a {PLAN.link.rate_mbit:g} Mbit/s link" in proc.stdout
     [run] = T.search(study, "train", "powersgd", status="FINISHED")
     arms["powersgd"] = {"run": run, "wall_s": time.perf_counter() - t0}
     return study, arms
@@ -148,7 +148,7 @@ def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
             break
     made = [n for n in netns.leftovers() if n in "".join(lines)]
     assert len(made) == 2 and "198.18.0.1" in lines[0] and "--machine_rank" not in lines[0]
-    assert any("--machine-rank 1" in line and "GLOO_SOCKET_IFNAME=gslink" in line for line in lines)
+    assert any("machine_rank=1" in line and "GLOO_SOCKET_IFNAME=gslink" in line for line in lines)
     proc.send_signal(signal.SIGTERM)
     assert "torn down" in proc.communicate(timeout=60)[0] and proc.returncode == 0
     assert not set(made) & set(netns.leftovers())

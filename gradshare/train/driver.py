@@ -171,6 +171,32 @@ def check_launch(launch: Launch) -> None:
         raise T.Refusal(f"machine_rank={launch.machine_rank} is not in 0..{launch.num_machines - 1}")
 
 
+def link_description(plan: Plan, arm: str, launch: Launch) -> str:
+    """What carried the arm's exchange: the launcher's word (`GRADSHARE_LINK`, set by the
+    study and `scripts/two_hosts.py`) where given, else what the launch shows."""
+    from gradshare.emulated import LINK_ENV
+
+    if plan.arms.processes(arm) == 1:
+        return "none: one process"
+    if os.environ.get(LINK_ENV):
+        return os.environ[LINK_ENV]
+    if launch.num_machines > 1:
+        return f"network: {launch.num_machines} hosts, main host {launch.main_process_ip}"
+    return "loopback: both ranks on one host, no byte crossed a link"
+
+
+def link_rate(plan: Plan, arm: str, launch: Launch) -> str:
+    """The link's rate in Mbit/s as the projection reads it: a number for an emulated link,
+    `inf` for loopback, `none` for one process, `unknown` for a real network."""
+    from gradshare.emulated import RATE_ENV
+
+    if plan.arms.processes(arm) == 1:
+        return "none"
+    if os.environ.get(RATE_ENV):
+        return os.environ[RATE_ENV]
+    return "unknown" if launch.num_machines > 1 else "inf"
+
+
 def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
     """The whole train step for one arm inside its MLflow run (machine rank 0)."""
     import mlflow
@@ -185,7 +211,9 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
     mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
                        "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
                        "main_process_ip": launch.main_process_ip, "attempt": attempt,
-                       "timeout_s": plan.arms.timeout_s(plan.schedule.updates)})
+                       "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
+                       "link": link_description(plan, arm, launch),
+                       "link_rate_mbit": link_rate(plan, arm, launch)})
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
     try:
         workdir = _verified_workdir(prep, plan, tmp)
