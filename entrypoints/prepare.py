@@ -34,8 +34,16 @@ def main(argv=None) -> None:
                 f"study {args.study!r} is already prepared (run {existing[0].info.run_id}); its inputs are "
                 f"pre-registered and are not regenerated. Start a new study with -P new_study=true "
                 f"(archives this one) or choose another -P study=NAME")
-        plan = load_plan(args.profile, overrides)
+        import time
+
         import mlflow
+
+        from gradshare.limits import START_PARAM
+
+        # the study's clock (deadline, budget) starts here
+        mlflow.log_param(START_PARAM, f"{time.time():.3f}")
+        plan = load_plan(args.profile, overrides)
+        plan = _priced(plan, overrides)
         mlflow.set_tag(T.PLAN_SHA, plan.sha256())
         inputs = P.scratch_dir()
         try:
@@ -45,6 +53,28 @@ def main(argv=None) -> None:
             shutil.rmtree(inputs, ignore_errors=True)
         print(f"[gradshare] prepared study {args.study!r}: plan_sha256 {plan.sha256()}, "
               f"run {run.info.run_id}")
+
+
+def _priced(plan, overrides: dict):
+    """With `infra.refresh_prices`, the plan carries the AWS Price List API's price and date, or
+    the declared ones with a warning; the run records which (`price_source`)."""
+    import mlflow
+
+    if not plan.infra.refresh_prices:
+        mlflow.log_param("price_source", "declared in the plan")
+        return plan
+    from gradshare.plan import load_plan
+    from gradshare.prices import refreshed_price
+
+    usd, date, warning = refreshed_price(plan)
+    if warning:
+        print(f"[gradshare] warning: {warning}", flush=True)
+        mlflow.set_tag("gradshare.price_warning", warning)
+        mlflow.log_param("price_source", "declared in the plan (the Price List API did not answer)")
+        return plan
+    mlflow.log_param("price_source", f"AWS Price List API, {date}")
+    print(f"[gradshare] {plan.infra.instance_type}: ${usd}/h from the AWS Price List API ({date})", flush=True)
+    return load_plan(plan.study.profile, {**overrides, "infra.usd_per_host_hour": str(usd), "infra.price_date": date})
 
 
 if __name__ == "__main__":

@@ -5,13 +5,16 @@
     gradshare commit|score|analyze --study gradshare-tiny
     gradshare study --study gradshare-tiny --new-study true
     gradshare project [--study gradshare-tiny]      # speed and dollars on the study's hosts, 2-64 hosts
+    gradshare guard --study gradshare-full          # stop the plan's EC2 instances at the deadline
+    gradshare server [--profile full]               # the tracking server, artifacts where the plan says
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-STEPS = ("prepare", "train", "commit", "score", "analyze", "study", "project")
+STEPS = ("prepare", "train", "commit", "score", "analyze", "study", "project", "guard", "server")
+MODULES = {"project": "gradshare.projection", "guard": "gradshare.guard", "server": "gradshare.server"}
 
 
 def main(argv=None) -> None:
@@ -19,7 +22,7 @@ def main(argv=None) -> None:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in STEPS:
         print(__doc__)
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    module = "gradshare.projection" if argv[0] == "project" else f"entrypoints.{argv[0]}"
+    module = MODULES.get(argv[0], f"entrypoints.{argv[0]}")
     importlib.import_module(module).main(argv[1:])
 
 

@@ -77,16 +77,20 @@ def study_budget(plan, costs: dict[str, dict]) -> dict:
 
 
 def cost_words(candidate: dict | None, single: dict | None, speed_ratio: float | None) -> str:
-    """Whether the candidate reduced cost or only time, in words."""
+    """Whether the candidate reduced cost or only time, in words. The plan: "faster execution
+    with more total GPU time is not a cost reduction": cheaper is decided on total GPU-seconds
+    (start-up and checkpoint included); active GPU-seconds are shown beside them."""
     if not candidate or not single or speed_ratio is None:
         return "not decided: an arm it needs is missing"
+    total = candidate["gpu_s_total"] / max(single["gpu_s_total"], 1e-12)
+    active = candidate["gpu_s_active"] / max(single["gpu_s_active"], 1e-12)
+    figures = f"{total:.2f}x single's total GPU-seconds ({active:.2f}x its active ones)"
     faster = speed_ratio > 1
-    cheaper = candidate["gpu_s_active"] < single["gpu_s_active"]
-    if faster and cheaper:
-        return "the candidate reduced cost: faster, and with fewer active GPU-seconds than single"
+    if faster and total < 1:
+        return f"the candidate reduced cost: {speed_ratio:.2f}x single's throughput with {figures}"
     if faster:
-        return (f"the candidate reduced time only: {speed_ratio:.2f}x single's throughput but "
-                f"{candidate['gpu_s_active'] / max(single['gpu_s_active'], 1e-12):.2f}x its active "
-                f"GPU-seconds, so it is not a cost reduction")
-    return (f"the candidate reduced neither: {speed_ratio:.2f}x single's throughput with "
-            f"{candidate['gpu_s_active'] / max(single['gpu_s_active'], 1e-12):.2f}x its active GPU-seconds")
+        return (f"the candidate reduced time only: {speed_ratio:.2f}x single's throughput but {figures}, "
+                f"so it is not a cost reduction")
+    if total < 1:
+        return f"the candidate reduced cost only: {speed_ratio:.2f}x single's throughput with {figures}"
+    return f"the candidate reduced neither: {speed_ratio:.2f}x single's throughput with {figures}"

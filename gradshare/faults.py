@@ -4,6 +4,8 @@
                                   so the run must end FAILED as diverged
     GRADSHARE_INJECT_HANG_AT=U:R  rank R sleeps for ever at the start of update U, so the
                                   other ranks must time out rather than wait for ever
+    GRADSHARE_INJECT_SLOW_S=S     every update takes S seconds longer (rank 0 sleeps inside
+                                  the update's clock), so that deadlines and budgets are reached
 
 Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
 """
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
 HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
+SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,11 @@ class Faults:
     nan_at: int = 0  # update; 0: never
     hang_at: int = 0
     hang_rank: int = 0
+    slow_s: float = 0.0
+
+    def during_update(self, rank: int, sleep=time.sleep) -> None:
+        if self.slow_s and rank == 0:
+            sleep(self.slow_s)
 
     def update_start(self, update: int, rank: int, sleep=time.sleep) -> None:
         if self.hang_at and update == self.hang_at and rank == self.hang_rank:
@@ -39,11 +47,13 @@ def from_env(env=None) -> Faults:
     env = os.environ if env is None else env
     nan = env.get(NAN_ENV, "").strip()
     hang = env.get(HANG_ENV, "").strip()
+    slow = env.get(SLOW_ENV, "").strip()
     try:
         nan_at = int(nan) if nan else 0
         hang_at, hang_rank = (int(x) for x in hang.split(":")) if hang else (0, 0)
+        slow_s = float(slow) if slow else 0.0
     except ValueError:
-        raise ValueError(f"fault injection: {NAN_ENV}={nan!r} must be an update number and "
-                         f"{HANG_ENV}={hang!r} must be UPDATE:RANK (e.g. 3:1); unset them to train "
-                         f"without faults") from None
-    return Faults(nan_at, hang_at, hang_rank)
+        raise ValueError(f"fault injection: {NAN_ENV}={nan!r} must be an update number, "
+                         f"{HANG_ENV}={hang!r} must be UPDATE:RANK (e.g. 3:1) and {SLOW_ENV}={slow!r} "
+                         f"seconds; unset them to train without faults") from None
+    return Faults(nan_at, hang_at, hang_rank, slow_s)

@@ -29,6 +29,9 @@ LOGICAL_BYTES = "comm/logical_bytes"
 WIRE_TX_BYTES = "comm/wire_tx_bytes"  # all hosts, non-loopback
 WIRE_RX_BYTES = "comm/wire_rx_bytes"
 LOOPBACK_BYTES = "comm/loopback_bytes"
+SPEND_USD = "spend/usd"  # the study's spend so far, this arm's hosts until now included
+STUDY_HOURS = "spend/study_hours"  # hours since the study started (prepare)
+SPEND_CROSS_BYTES = "spend/cross_zone_bytes"  # this arm's cross-zone bytes so far, sent + received
 
 
 def host_wire_tx(j: int) -> str:

@@ -59,6 +59,9 @@ class ArmsPlan:
     with headers) plus one rank's compute (0.2 s), on a 2-core CPU."""
     startup_s: float = 180.0
     """Seconds allowed for an arm's start-up (model load, process group) and its checkpoint."""
+    expected_startup_s: float = 30.0
+    """Expected seconds of an arm besides its updates (start-up, checkpoint, upload): with
+    `expected_update_s`, what the deadline and budget checks project before the first arm."""
     timeout_margin: float = 4.0
     """An arm is stopped as `timeout` after startup_s + updates x expected_update_s x this margin."""
 
@@ -225,6 +228,16 @@ class InfraPlan:
     """Declared price of `cpu_host` on `price_date`; the study's hosts appear beside it as a projection."""
     deadline_hours: float = 6.0
     budget_usd: float = 100.0
+    # --- AWS, optional (`gradshare guard`, `gradshare server`, prepare's price refresh) ---
+    aws_region: str = ""
+    """Region of the study's instances; empty: no AWS calls at all."""
+    instance_ids: tuple[str, ...] = ()
+    """EC2 instances `gradshare guard` stops at the deadline (`study` starts a guard when set)."""
+    artifact_destination: str = ""
+    """Where `gradshare server` keeps artifacts (e.g. s3://bucket/prefix); empty: its local folder."""
+    refresh_prices: bool = False
+    """Prepare asks the AWS Price List API for `instance_type`'s on-demand price; on any
+    failure the declared figure stands, with a warning."""
     # --- the study's hosts as the projection (`gradshare.projection`) assumes them ---
     link_gbit: float = 20.0
     """Cross-zone bandwidth of one host, each way: AWS lists g6e.2xlarge at "up to 20 Gigabit"
@@ -339,6 +352,7 @@ PROFILES: dict[str, dict[str, str]] = {
         # loading or initialising 1.7B parameters and writing 3.4 GB of weights is minutes.
         "arms.expected_update_s": "8",
         "arms.startup_s": "1200",
+        "arms.expected_startup_s": "300",
         "scoring.batch_size": "128",
         # The H200 trace of 4 x 512-token micro-batches was bound by kernel launches;
         # 8 documents per micro-batch halves them (not yet measured).

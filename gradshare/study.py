@@ -67,6 +67,12 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     ok, timings["prepare"] = _step("prepare", study, {"profile": profile, **overrides})
     if not ok:
         raise SystemExit("prepare failed: see its run's gradshare.failure_reason")
+    if plan.infra.instance_ids:  # the hosts stop at the deadline even if this process dies
+        from gradshare.guard import start_detached
+
+        guard = start_detached(study)
+        print(f"[gradshare] guard started (pid {guard.pid}): stops {', '.join(plan.infra.instance_ids)} at the "
+              f"deadline; its log: guard-{study}.log", flush=True)
     for arm in plan.arms.names:  # one after another, never overlapping
         if plan.arms.processes(arm) == 2 and link.emulated:
             _, timings[f"train-{arm}"] = _arm_across(study, arm, plan)

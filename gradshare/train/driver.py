@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradshare import claims
+from gradshare import limits
 from gradshare import metering
 from gradshare import metrics as M
 from gradshare import store
@@ -206,6 +207,8 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
     check_launch(launch)
     check_devices(plan, arm, launch)
     attempt = claim_arm(prep, plan, arm, run.info.run_id)
+    # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
+    arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id)
     mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
     print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
     mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
@@ -217,6 +220,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
     try:
         workdir = _verified_workdir(prep, plan, tmp)
+        arm_limits.write(workdir)
         _launch_workers(plan, arm, workdir, run.info.run_id, launch)
         summary = json.loads((workdir / "summary.json").read_text())
         mlflow.log_metrics(summary["metrics"])

@@ -99,9 +99,22 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
     return ddp, state
 
 
+class LimitStop(RuntimeError):
+    """The study's deadline or budget stopped the arm after a whole update (`gradshare.limits`)."""
+
+
+def _cross_zone_bytes(wire: dict) -> float:
+    """Bytes sent plus received by the arm's hosts so far, where there are several hosts."""
+    return sum(h["wire_tx"] + h["wire_rx"] for h in wire.values()) if len(wire) > 1 else 0.0
+
+
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
-          device: torch.device, rank: int, world: int, on_step=None, log=print) -> LoopResult:
-    """Run every update of the schedule; `on_step(update, metrics)` is called on rank 0."""
+          device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None) -> LoopResult:
+    """Run every update of the schedule; `on_step(update, metrics)` is called on rank 0.
+
+    `limits` (`gradshare.limits.Limits`, rank 0's; None: no limits): after every update rank 0
+    decides whether the next one may start, and every rank follows (one small all-reduce),
+    so an arm stops after a whole update with `LimitStop`."""
     s, o = plan.schedule, plan.optim
     max_tok = schedule["max_doc_tokens"]
     encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
@@ -121,6 +134,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     faults = F.from_env()
     res = LoopResult()
+    slowest, last_cross = 0.0, 0.0  # for the limits: the next update as slow as the slowest so far
     t_start = time.perf_counter()
     net.train()
     for u, update_docs in enumerate(schedule["updates"], start=1):
@@ -136,6 +150,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
         if u == 1:
             res.wire_first = wire0  # where the startup phase ends (metering)
         with Clock(sync) as clock:
+            faults.during_update(rank)
             local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
             for k, mb in enumerate(mbs):
                 ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
@@ -177,12 +192,20 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
         res.logical_bytes += step_bytes
         if compressed or arm == "dense":  # upstream's figure: no warm-up exchanges
             res.logical_bytes_post_warmup += step_bytes
+        stop = None
         if rank == 0:
             hosts = per_host_delta(wire0, wire1)
             add_into(res.wire, hosts)
             metrics = M.step_metrics(loss=loss, grad_norm=grad_norm, lr=_lr(plan, u), target_tokens=n_global,
                                      step_s=clock.seconds, tokens=n_tokens, world=world,
                                      logical_bytes=step_bytes, hosts=hosts)
+            if limits is not None:
+                slowest = max(slowest, clock.seconds)
+                cross = _cross_zone_bytes(res.wire)
+                now = time.time()
+                metrics |= limits.step_metrics(now, cross) | {M.SPEND_CROSS_BYTES: cross}
+                stop = limits.check(u, now, slowest, cross, next_cross_bytes=cross - last_cross)
+                last_cross = cross
             if on_step:
                 on_step(u, metrics, update_sha256(update_docs))
             elapsed = time.perf_counter() - t_start
@@ -190,5 +213,13 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
                 f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+        code = {None: 0, "deadline": 1, "budget": 2}[stop[0] if stop else None]
+        if world > 1:  # every rank stops together, or none does
+            flag = torch.tensor([float(code)], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            code = int(flag.item())
+        if code:
+            kind = {1: "deadline", 2: "budget"}[code]
+            raise LimitStop(stop[1] if stop else f"{kind}: stopped together with rank 0 after update {u}")
     res.hook_passes = psgd_state.iter if psgd_state is not None else None
     return res

@@ -88,7 +88,10 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             client.log_batch(run_id, metrics=[Metric(k, float(v), now, u) for k, v in metrics.items()])
 
     log = print if rank == 0 else (lambda *a, **k: None)
-    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log)
+    from gradshare.limits import Limits
+
+    limits = Limits.read(workdir) if rank == 0 else None  # rank 0 decides; the others follow it
+    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits)
 
     # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
     starts = gather(wire_start, world)
@@ -128,7 +131,11 @@ def main(argv=None) -> None:
     try:
         run(workdir, args.arm, args.run_id or None)
     except BaseException as exc:
+        from gradshare.train.loop import LimitStop
+
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
+        if isinstance(exc, LimitStop):  # `deadline: ...` / `budget: ...`, as the run's reason
+            reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"
         (workdir / f"failure.rank{rank}.txt").write_text(reason)

@@ -1,0 +1,220 @@
+"""The study's deadline and budget, enforced: before an arm starts and at every update.
+
+    limits = before_arm(study, prep, plan, arm)   # driver: refuses (`deadline: ...`/`budget: ...`)
+    limits.write(workdir)                         # ... and hands the figures to the workers
+    limits = Limits.read(workdir)                 # worker, rank 0, after each update:
+    stop = limits.check(update, now, next_update_s, cross_zone_bytes)   # None or (kind, reason)
+
+The study's clock starts when prepare starts (`study_start_epoch_s`, a parameter of the
+prepare run); its deadline is `infra.deadline_hours` later. Spend is what the arms' hosts
+cost: each train attempt's hosts x its wall seconds x the host price, plus the cross-zone
+bytes its hosts measured (sent and received, each direction billed) x
+`infra.cross_zone_usd_per_gb`. "Faster execution with more total GPU time is not a cost
+reduction" (the plan): spend counts every second a host is held, start-up and checkpoint
+included, not only the active updates.
+
+Before an arm, its duration is projected from the measured rate of a finished arm with the
+same number of processes (its median seconds per update and its start-up plus checkpoint
+seconds), else from the plan (`arms.expected_update_s`, `arms.expected_startup_s`); an arm
+whose projected end passes the deadline, or whose projected cost passes the bound, is
+refused with the figures. During the arm, after every update, rank 0 checks whether the
+next update (as long as the slowest so far) would end past the deadline or push the
+spend past the bound; if so every rank stops after the whole update it finished, and the
+run ends FAILED with reason `deadline: ...` or `budget: ...`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gradshare import metrics as M
+
+GB = 1e9
+START_PARAM = "study_start_epoch_s"
+FILE = "limits.json"
+
+
+def _utc(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class Limits:
+    start_epoch: float
+    deadline_epoch: float
+    budget_usd: float
+    spent_before_usd: float
+    """What earlier attempts of every arm cost."""
+    usd_per_s: float
+    """This arm's hosts x price per host-hour / 3600."""
+    cross_usd_per_byte: float
+    """0 where this arm's hosts share a zone."""
+    arm_start_epoch: float
+    updates: int
+
+    # -- during an arm -----------------------------------------------------------------
+    def spend(self, now: float, cross_bytes: float) -> float:
+        return (self.spent_before_usd + (now - self.arm_start_epoch) * self.usd_per_s
+                + cross_bytes * self.cross_usd_per_byte)
+
+    def check(self, update: int, now: float, next_s: float, cross_bytes: float,
+              next_cross_bytes: float = 0.0) -> tuple[str, str] | None:
+        """Whether to stop after `update`: ("deadline"|"budget", reason) or None."""
+        if update >= self.updates:
+            return None  # the last update is done: nothing more to start
+        end = now + next_s
+        left = f"stopped after update {update} of {self.updates}"
+        if end > self.deadline_epoch:
+            return "deadline", (
+                f"deadline: the next update ({next_s:.1f} s, the slowest so far) would end at {_utc(end)}, "
+                f"past the study's deadline {_utc(self.deadline_epoch)} (start {_utc(self.start_epoch)} + "
+                f"{(self.deadline_epoch - self.start_epoch) / 3600:g} h); {left}")
+        now_usd = self.spend(now, cross_bytes)
+        next_usd = self.spend(end, cross_bytes + next_cross_bytes)
+        if next_usd > self.budget_usd:
+            return "budget", (
+                f"budget: spend so far ${now_usd:.4f} (earlier attempts ${self.spent_before_usd:.4f}, this "
+                f"arm's hosts ${(now - self.arm_start_epoch) * self.usd_per_s:.4f}, its cross-zone "
+                f"{cross_bytes / GB:.3f} GB ${cross_bytes * self.cross_usd_per_byte:.4f}); with the next "
+                f"update ${next_usd:.4f}, past the ${self.budget_usd:g} bound; {left}")
+        return None
+
+    def step_metrics(self, now: float, cross_bytes: float) -> dict:
+        return {M.SPEND_USD: self.spend(now, cross_bytes), M.STUDY_HOURS: (now - self.start_epoch) / 3600}
+
+    # -- hand-over from the driver to the workers ----------------------------------------
+    def write(self, workdir: Path) -> None:
+        (Path(workdir) / FILE).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, workdir: Path) -> "Limits | None":
+        path = Path(workdir) / FILE
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+    def started_now(self, now: float | None = None) -> "Limits":
+        from dataclasses import replace
+
+        return replace(self, arm_start_epoch=time.time() if now is None else now)
+
+
+# --- before an arm --------------------------------------------------------------------------
+
+def study_start(prep) -> float:
+    """When the study started: prepare's recorded start, or its run's start for older studies."""
+    value = prep.data.params.get(START_PARAM)
+    return float(value) if value else prep.info.start_time / 1000
+
+
+def crosses_zones(plan, arm: str) -> bool:
+    return plan.arms.processes(arm) > 1 and len(set(plan.infra.zones[:plan.arms.processes(arm)])) > 1
+
+
+def host_price(plan) -> float:
+    from gradshare.cost import host_price as price
+
+    return price(plan)[1]
+
+
+def run_spend(plan, run) -> float:
+    """What one train attempt cost: its hosts over its wall time, and its measured cross-zone bytes."""
+    arm = run.data.tags.get("gradshare.arm", "")
+    hosts = plan.arms.processes(arm) if arm in plan.arms.names else 1
+    end = (run.info.end_time or time.time() * 1000) / 1000
+    seconds = max(end - run.info.start_time / 1000, 0.0)
+    m = run.data.metrics
+    cross = 0.0
+    if crosses_zones(plan, arm):
+        for j in range(hosts):
+            if M.host_wire_tx_total(j) in m:
+                cross += m[M.host_wire_tx_total(j)] + m[M.host_wire_rx_total(j)]
+        if not cross and M.SPEND_CROSS_BYTES in m:  # stopped before its summary: the last running figure
+            cross = m[M.SPEND_CROSS_BYTES]
+    return seconds * hosts * host_price(plan) / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
+
+
+def spent(study: str, plan, exclude_run_id: str | None = None) -> float:
+    """Spend of every train attempt so far (refusals cost nothing: they never held a host)."""
+    from gradshare import tracking as T
+
+    total = 0.0
+    for run in T.search(study, "train"):
+        if run.info.run_id == exclude_run_id or run.data.tags.get(T.REFUSAL) == "true":
+            continue
+        if T.ATTEMPT not in run.data.tags:
+            continue  # an unavailable arm's record, or a launcher that never started workers
+        total += run_spend(plan, run)
+    return total
+
+
+def expected_arm(study: str, plan, arm: str) -> dict:
+    """Projected seconds of the arm: a finished arm's measured rate where one with as many
+    processes exists, else the plan's."""
+    from gradshare import tracking as T
+
+    n = plan.arms.processes(arm)
+    for other in plan.arms.names:
+        if plan.arms.processes(other) != n:
+            continue
+        for run in T.search(study, "train", other, status="FINISHED"):
+            hist = [x.value for x in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
+            m = run.data.metrics
+            if hist and M.WALL_S in m:
+                startup = max(m[M.WALL_S] - m.get(M.ACTIVE_S, 0.0), 0.0)
+                return {"update_s": statistics.median(hist), "startup_s": startup,
+                        "source": f"measured on arm {other}"}
+    return {"update_s": plan.arms.expected_update_s, "startup_s": plan.arms.expected_startup_s,
+            "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
+
+
+def expected_cross_bytes(plan, arm: str) -> float:
+    """Cross-zone bytes of the arm's hosts, sent plus received, from its logical volume."""
+    if not crosses_zones(plan, arm):
+        return 0.0
+    from gradshare.projection import WIRE_OVERHEAD, parameter_shapes
+    from gradshare.train.powersgd import logical_bytes_per_exchange
+
+    shapes = parameter_shapes(plan)
+    p = plan.powersgd
+    dense = logical_bytes_per_exchange(shapes, 4, None)
+    per_update = [dense] * plan.schedule.updates
+    if arm == "powersgd":
+        compressed = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
+        per_update = [dense if u <= p.warmup_updates else compressed for u in range(1, plan.schedule.updates + 1)]
+    hosts = plan.arms.processes(arm)
+    # a ring: each host sends and receives 2(W-1)/W x its logical bytes
+    return sum(per_update) * 2 * (hosts - 1) / hosts * WIRE_OVERHEAD * 2 * hosts
+
+
+def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None) -> Limits:
+    """Refuse an arm that would pass the deadline or the bound; else the figures for its workers."""
+    from gradshare import tracking as T
+
+    now = time.time() if now is None else now
+    start = study_start(prep)
+    deadline = start + plan.infra.deadline_hours * 3600
+    hosts = plan.arms.processes(arm)
+    usd_per_s = hosts * host_price(plan) / 3600
+    cross_rate = plan.infra.cross_zone_usd_per_gb / GB if crosses_zones(plan, arm) else 0.0
+    before = spent(study, plan, exclude_run_id=own_run_id)
+    exp = expected_arm(study, plan, arm)
+    seconds = exp["startup_s"] + plan.schedule.updates * exp["update_s"]
+    cross = expected_cross_bytes(plan, arm)
+    cost = seconds * usd_per_s + cross * cross_rate
+    how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
+           f"{plan.schedule.updates} updates x {exp['update_s']:.2f} s, {exp['source']})")
+    if now + seconds > deadline:
+        raise T.Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
+                        f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "
+                        f"not started")
+    if before + cost > plan.infra.budget_usd:
+        raise T.Refusal(f"budget: arm {arm} would cost ${cost:.4f} ({hosts} host(s) x {seconds:.0f} s x "
+                        f"${host_price(plan):g}/h + {cross / GB:.3f} GB cross-zone x "
+                        f"${plan.infra.cross_zone_usd_per_gb:g}/GB; {how}) on top of ${before:.4f} spent: "
+                        f"${before + cost:.4f}, past the ${plan.infra.budget_usd:g} bound; not started")
+    return Limits(start_epoch=start, deadline_epoch=deadline, budget_usd=plan.infra.budget_usd,
+                  spent_before_usd=before, usd_per_s=usd_per_s, cross_usd_per_byte=cross_rate,
+                  arm_start_epoch=now, updates=plan.schedule.updates)

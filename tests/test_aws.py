@@ -1,0 +1,188 @@
+"""AWS through boto3, against a moto server on 127.0.0.1 (never an account): the guard stops
+the study's instances at its deadline; the Price List API (which moto does not serve)
+through botocore's Stubber, and the fallback with a warning; a study's artifacts in S3
+through a tracking server started with `--artifacts-destination s3://...`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import mlflow
+import pytest
+from botocore.stub import Stubber
+
+from gradshare import prices
+from gradshare import tracking as T
+from gradshare.plan import load_plan
+from tests.conftest import REPO, SMALL, free_port, overrides, run_entry
+
+REGION = "us-east-1"
+FAKE_KEY, FAKE_SECRET = "AKIAGRADSHARETESTKEY", "gradshare-test-secret-never-logged"
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                             "AWS_DEFAULT_REGION")}
+    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": FAKE_KEY,
+                       "AWS_SECRET_ACCESS_KEY": FAKE_SECRET, "AWS_DEFAULT_REGION": REGION})
+    yield url
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+def _instances(n: int) -> list[str]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    made = ec2.run_instances(ImageId=image, MinCount=n, MaxCount=n, InstanceType="g6e.2xlarge")
+    return [i["InstanceId"] for i in made["Instances"]]
+
+
+def _states(ids: list[str]) -> dict[str, str]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    res = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+    return {i["InstanceId"]: i["State"]["Name"] for r in res for i in r["Instances"]}
+
+
+def test_the_guard_stops_the_studys_instances_at_a_shortened_deadline(mlflow_server, moto_endpoint):
+    ids = _instances(2)
+    assert set(_states(ids).values()) == {"running"}
+    study = "guarded-study"
+    # a deadline 40 s after prepare starts: prepare takes some of it, the guard waits the rest
+    run_entry("prepare", "--study", study, *overrides({"infra.deadline_hours": f"{40 / 3600:.6f}",
+                                                       "infra.aws_region": REGION,
+                                                       "infra.instance_ids": ",".join(ids)}))
+    t0 = time.time()
+    guard = subprocess.run([sys.executable, "-m", "gradshare.guard", "--study", study, "--poll-s", "1"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert guard.returncode == 0, guard.stderr[-2000:]
+    [prep] = T.search(study, "prepare")
+    deadline = float(prep.data.params["study_start_epoch_s"]) + 40
+    assert time.time() >= deadline - 1 and time.time() - t0 < 60  # it waited for the deadline, no longer
+    assert set(_states(ids).values()) <= {"stopping", "stopped"}
+    [run] = T.search(study, "guard", status="FINISHED")
+    assert all(i in run.data.tags["gradshare.guard"] for i in ids)
+    # nothing of the credentials reached the store
+    blob = json.dumps([run.data.params, run.data.tags, prep.data.params, prep.data.tags])
+    assert FAKE_KEY not in blob and FAKE_SECRET not in blob
+
+
+def test_a_guard_without_instances_refuses_in_one_line(mlflow_server):
+    study = "unguarded-study"
+    run_entry("prepare", "--study", study, *overrides())
+    proc = subprocess.run([sys.executable, "-m", "gradshare.guard", "--study", study, "--now"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "names no instances (infra.instance_ids)" in proc.stderr
+
+
+def _product(usd: str) -> str:
+    return json.dumps({"product": {"attributes": {"instanceType": "g6e.2xlarge"}},
+                       "terms": {"OnDemand": {"X.JRTCKXETXF": {"priceDimensions": {"X.JRTCKXETXF.6YS6EN2CT7": {
+                           "unit": "Hrs", "pricePerUnit": {"USD": usd}}}}}}})
+
+
+def test_the_price_is_read_from_the_price_list_api_response():
+    plan = load_plan("full", {})
+    client = boto3.client("pricing", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    with Stubber(client) as stub:
+        stub.add_response("get_products", {"PriceList": [_product("2.45160")], "FormatVersion": "aws_v1"},
+                          {"ServiceCode": "AmazonEC2", "Filters": prices._filters("g6e.2xlarge", "us-east-1"),
+                           "MaxResults": 10})
+        usd, date, warning = prices.refreshed_price(plan, client)
+    assert (usd, warning) == (2.4516, None) and date != plan.infra.price_date
+
+
+@pytest.mark.parametrize("answer", [[], [_product("2.4"), _product("3.1")], "error"])
+def test_without_one_clear_price_the_declared_one_stands_with_a_warning(answer):
+    plan = load_plan("full", {})
+    client = boto3.client("pricing", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    with Stubber(client) as stub:
+        if answer == "error":
+            stub.add_client_error("get_products", "AccessDeniedException", "not authorised")
+        else:
+            stub.add_response("get_products", {"PriceList": answer, "FormatVersion": "aws_v1"})
+        usd, date, warning = prices.refreshed_price(plan, client)
+    assert (usd, date) == (plan.infra.usd_per_host_hour, plan.infra.price_date)
+    assert "price not refreshed" in warning and f"${plan.infra.usd_per_host_hour}/h" in warning
+
+
+def test_prepare_records_a_refreshed_price_or_the_fallback_and_why(mlflow_server, moto_endpoint):
+    # moto serves no Price List API: prepare falls back, says so, and the plan keeps the declared price
+    study = "priced-study"
+    proc = run_entry("prepare", "--study", study, *overrides({"infra.refresh_prices": "true"}))
+    assert "price not refreshed" in proc.stdout + proc.stderr
+    [prep] = T.search(study, "prepare", status="FINISHED")
+    assert prep.data.params["price_source"].startswith("declared")
+    assert "price not refreshed" in prep.data.tags["gradshare.price_warning"]
+    assert float(prep.data.params["infra.usd_per_host_hour"]) == load_plan("tiny", {}).infra.usd_per_host_hour
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory, moto_endpoint):
+    """A tracking server whose artifacts live in a (moto) S3 bucket; clients see only HTTP."""
+    import urllib.request
+
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket="gradshare-artifacts")
+    root = tmp_path_factory.mktemp("s3-server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_S3_ENDPOINT_URL": moto_endpoint}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination",
+                             "s3://gradshare-artifacts/studies", "--workers", "1"], env=env, cwd=root,
+                            stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT)
+    uri = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            if urllib.request.urlopen(uri + "/health", timeout=2).read() == b"OK":
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        raise RuntimeError((root / "server.log").read_text()[-2000:])
+    yield uri
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_a_studys_artifacts_round_trip_through_s3_and_the_analysis_reads_them(s3_server):
+    study = "s3-study"
+    # the clients know only the tracking server: no AWS endpoint or credentials in their environment
+    env = {"MLFLOW_TRACKING_URI": s3_server, "AWS_ENDPOINT_URL": "", "AWS_ACCESS_KEY_ID": "",
+           "AWS_SECRET_ACCESS_KEY": ""}
+    args = ["--study", study, "--hosts", "loopback", *overrides({"model.pretrain_steps": "2"})]
+    proc = subprocess.run([sys.executable, "-m", "entrypoints.study", *args], cwd=REPO,
+                          env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    keys = [o["Key"] for page in boto3.client("s3", region_name=REGION).get_paginator("list_objects_v2")
+            .paginate(Bucket="gradshare-artifacts", Prefix="studies/") for o in page.get("Contents", [])]
+    assert any(k.endswith("checkpoint/model.safetensors") for k in keys)
+    assert any(k.endswith("inputs/manifest.json") for k in keys)
+    assert any(k.endswith("report.md") for k in keys)
+    # the analysis, run again through the server, reads every input it needs back from S3
+    old = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(s3_server)
+    try:
+        from analysis.analyze import analyze
+
+        v, out = analyze(study)
+    finally:
+        mlflow.set_tracking_uri(old)
+    assert v["arms"]["single"]["status"] == "FINISHED" and v["arms"]["single"]["accuracy"] is not None
+    assert (out / "report.md").read_text().startswith(f"# gradshare report — study `{study}`")

@@ -1,0 +1,113 @@
+"""The deadline and the budget, enforced: an arm that would pass either is refused with the
+figures; an arm that reaches either stops after a whole update, FAILED `deadline`/`budget`;
+the arms after it are recorded unavailable for the same reason; spend is logged per update."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gradshare import limits as L
+from gradshare import metrics as M
+from gradshare import tracking as T
+from gradshare.plan import load_plan
+from tests.conftest import overrides, run_entry
+
+# Plan figures that let the pre-arm projection through (a fast expected update) on SMALL.
+FAST = {"arms.expected_update_s": "0.01", "arms.expected_startup_s": "1"}
+
+
+def _limits(**kw) -> L.Limits:
+    base = dict(start_epoch=1000.0, deadline_epoch=1000.0 + 3600, budget_usd=10.0, spent_before_usd=2.0,
+                usd_per_s=0.001, cross_usd_per_byte=0.01 / 1e9, arm_start_epoch=2000.0, updates=128)
+    return L.Limits(**{**base, **kw})
+
+
+def test_the_check_stops_before_an_update_that_would_pass_the_deadline():
+    lim = _limits()
+    assert lim.check(10, now=4500.0, next_s=99.0, cross_bytes=0) is None  # ends at 4599 < 4600
+    kind, reason = lim.check(10, now=4500.0, next_s=101.0, cross_bytes=0)
+    assert kind == "deadline" and reason.startswith("deadline:") and "stopped after update 10 of 128" in reason
+    assert lim.check(128, now=4599.0, next_s=500.0, cross_bytes=0) is None  # nothing left to start
+
+
+def test_the_check_counts_host_seconds_and_cross_zone_bytes_against_the_bound():
+    lim = _limits(deadline_epoch=1e9)
+    # $2 before + 6000 s x $0.001 = $8; + 150 GB x $0.01 = $1.5 -> $9.5; next 1 s: $9.501 <= 10
+    assert lim.spend(8000.0, 150e9) == pytest.approx(9.5)
+    assert lim.check(5, now=8000.0, next_s=1.0, cross_bytes=150e9) is None
+    kind, reason = lim.check(5, now=8000.0, next_s=1.0, cross_bytes=150e9, next_cross_bytes=60e9)
+    assert kind == "budget" and "$10 bound" in reason and "$9.5000" in reason
+    assert lim.step_metrics(8000.0, 150e9) == {M.SPEND_USD: pytest.approx(9.5), M.STUDY_HOURS: pytest.approx(7000 / 3600)}
+
+
+def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
+    from gradshare.projection import WIRE_OVERHEAD, parameter_shapes
+    from gradshare.train.powersgd import logical_bytes_per_exchange
+
+    plan = load_plan("tiny", {})
+    shapes = parameter_shapes(plan)
+    dense = logical_bytes_per_exchange(shapes, 4, None)
+    assert dense == 4 * sum(int(__import__("math").prod(s)) for s in shapes)
+    # two hosts: each sends and receives the logical volume once per update
+    assert L.expected_cross_bytes(plan, "dense") == pytest.approx(128 * dense * WIRE_OVERHEAD * 4)
+    assert L.expected_cross_bytes(plan, "single") == 0
+    psgd = L.expected_cross_bytes(plan, "powersgd")
+    assert L.expected_cross_bytes(plan, "dense") / 20 < psgd < L.expected_cross_bytes(plan, "dense")
+
+
+def test_an_arm_projected_past_the_bound_is_refused_with_the_figures(mlflow_server):
+    study = "budget-refused"
+    run_entry("prepare", "--study", study, *overrides({"infra.budget_usd": "0.00001"}))
+    proc = run_entry("train", "--study", study, "--arm", "single", check=False)
+    assert proc.returncode != 0
+    [run] = T.search(study, "train", "single")
+    reason = run.data.tags[T.FAILURE]
+    assert run.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in run.data.tags  # no attempt spent
+    assert reason.startswith("budget: arm single would cost $") and "past the $1e-05 bound" in reason
+    assert "arms.expected_update_s" in reason  # where the projection came from
+
+
+@pytest.fixture(scope="module")
+def stopped_study(mlflow_server):
+    """A deadline a few seconds into the single arm: 60 s after prepare starts, updates slowed
+    to 2 s each (a fault switch), 40 of them."""
+    study = "deadline-study"
+    extra = {**FAST, "infra.deadline_hours": f"{60 / 3600:.8f}", "data.train_per_family": "76",
+             "schedule.updates": "40"}  # 4 x 76 + 16 = 320 = 40 x 8
+    run_entry("prepare", "--study", study, *overrides(extra))
+    t0 = time.time()
+    run_entry("train", "--study", study, "--arm", "single", check=False, env={"GRADSHARE_INJECT_SLOW_S": "2"})
+    later = {arm: run_entry("train", "--study", study, "--arm", arm, check=False) for arm in ("dense", "powersgd")}
+    run_entry("commit", "--study", study)
+    return study, time.time() - t0, later
+
+
+def test_an_arm_reaching_the_deadline_stops_after_a_whole_update(stopped_study):
+    study, _, _ = stopped_study
+    [prep] = T.search(study, "prepare")
+    deadline = float(prep.data.params[L.START_PARAM]) + 60
+    [run] = T.search(study, "train", "single")
+    assert run.info.status == "FAILED"
+    reason = run.data.tags[T.FAILURE]
+    assert reason.startswith("deadline: the next update"), reason
+    steps = [m.step for m in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
+    assert steps == list(range(1, len(steps) + 1)) and 0 < len(steps) < 40
+    assert f"stopped after update {len(steps)} of 40" in reason
+    # it stopped before the deadline, within one update (2 s) and the stop's own seconds of it
+    assert run.info.end_time / 1000 <= deadline + 15
+    spend = T.client().get_metric_history(run.info.run_id, M.SPEND_USD)
+    assert [m.step for m in spend] == steps and spend[-1].value > spend[0].value > 0
+
+
+def test_the_arms_after_it_are_unavailable_for_the_same_reason(stopped_study):
+    from gradshare import store
+
+    study, _, later = stopped_study
+    _, commitment = store.commitment(study)
+    arms = {a["arm"]: a for a in commitment["arms"]}
+    assert arms["single"]["status"] == "FAILED" and arms["single"]["failure_reason"].startswith("deadline:")
+    for arm in ("dense", "powersgd"):
+        assert later[arm].returncode != 0
+        assert arms[arm]["status"] == "FAILED"
+        assert "unavailable" in arms[arm]["failure_reason"] and "refused: deadline: arm" in arms[arm]["failure_reason"]
