@@ -234,24 +234,26 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            + (f"; the last $ column is a projection to the study's {v['budget']['price']['study_instance_type']} "
               f"hosts at the same host-hours." if v['budget']['price'].get('emulated') else "."), "",
            "| arm | GPU-s active | GPU-s total | host-hours | $ | $ on study hosts | logical bytes | "
-           "post-warm-up logical | wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | "
+           "after warm-up: logical per rank | after warm-up: wire tx per host | wire tx (all hosts) | cross-zone $ (measured) | cross-zone $ (from logical) | "
            "checkpoint s | note |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, c in v["cost"].items():
         if not c:
-            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | — | "
+            md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | — | — | "
                       f"{_cell(v['arms'][arm]['failure_reason'])} |")
             continue
         tx = sum(h["wire_tx_bytes"] for h in c["wire_per_host"])
         md.append(f"| {arm} | {c['gpu_s_active']:.1f} | {c['gpu_s_total']:.1f} | {c['host_hours']:.4f} | "
-                  f"{c['usd']:.4f} | {c['usd_on_study_hosts']:.4f} | {c['logical_bytes']:.3e} | {c['logical_bytes_post_warmup']:.3e} | {tx:.3e} | "
+                  f"{c['usd']:.4f} | {c['usd_on_study_hosts']:.4f} | {c['logical_bytes']:.3e} | "
+                  f"{c.get('logical_bytes_after_warmup', 0):.3e} | {c.get('wire_tx_per_host_after_warmup', 0):.3e} | {tx:.3e} | "
                   f"{c['cross_zone_usd']:.6f} | {c['cross_zone_usd_projected_from_logical']:.6f} | "
                   f"{c['checkpoint_s']:.2f} | |")
     md += ["", f"**Cost in words:** {v['speed_screen']['cost_words']}.", "",
            "Wire bytes are the hosts' own interface counters (non-loopback) over the whole arm, worker "
            "start to end (start-up with DDP's weight broadcast, the updates, the checkpoint), so they "
            "include protocol overhead and logging; logical bytes are the compressed tensors only, "
-           "warm-up included (post-warm-up column excludes it, as upstream figures do). Where both ranks "
+           "warm-up included; the after-warm-up columns sum the updates after `powersgd.warmup_updates` for every "
+           "arm alike (as upstream figures exclude the warm-up), wire bytes per host from the per-update counters. Where both ranks "
            "ran on one host, their traffic went over loopback and no cross-zone traffic was measured; a "
            "host is one network stack, so two namespaces of one machine count as two. The projected "
            "column prices the logical volume as if the two planned hosts were in different zones. "

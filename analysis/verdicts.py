@@ -61,6 +61,9 @@ def compute(rec: StudyRecord) -> dict:
 
     costs = {arm: (arm_cost(plan, arm, a.metrics, a.hosts) if a.status == "FINISHED" else None)
              for arm, a in rec.arms.items()}
+    for arm, c in costs.items():
+        if c:
+            c.update(after_warmup(rec.arms[arm], plan.powersgd.warmup_updates))
     pre = preconditions(rec)
     return {
         "study": rec.study, "plan_sha256": plan.sha256(), "z": z, "candidate": cand,
@@ -74,6 +77,18 @@ def compute(rec: StudyRecord) -> dict:
         "emulation": (f"{plan.study.profile} profile, CPU emulation: speed and dollars are not the study's"
                       if plan.emulated else None),
     }
+
+
+def after_warmup(a, warmup: int) -> dict:
+    """Logical and wire bytes per host over the updates after the plan's warm-up, the same
+    updates for every arm (the summary metric of dense counts all of them)."""
+    def total(key):
+        return sum(v for step, v in (a.histories.get(key) or []) if step > warmup)
+
+    hosts = max(len(a.hosts), 1)
+    return {"logical_bytes_after_warmup": total(M.LOGICAL_BYTES),
+            "wire_tx_per_host_after_warmup": total(M.WIRE_TX_BYTES) / hosts,
+            "wire_rx_per_host_after_warmup": total(M.WIRE_RX_BYTES) / hosts}
 
 
 def _projection(rec: StudyRecord) -> dict:

@@ -81,12 +81,14 @@ def test_screens_are_decided_from_the_declared_thresholds(analysed):
 def test_the_report_shows_tables_and_self_contained_plots(analysed):
     _, run, files, _ = analysed
     md, page = files["report.md"].read_text(), files["report.html"].read_text()
-    for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost", "Attempts"):
-        assert needle in md and needle in page
-    assert page.count("data:image/png;base64,") == 6 and "src=\"http" not in page
+    for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost", "Attempts",
+                   "Where the arms ran", "Projection (`gradshare project`)", "The study's hosts"):
+        assert needle.replace("`", "") in page.replace("<code>", "").replace("</code>", "") and needle in md
+    assert page.count("data:image/png;base64,") == 7 and "src=\"http" not in page
     assert "<table>" in page and "<pre><code>" in page and "**" not in page
     names = {a.path for a in T.client().list_artifacts(run.info.run_id)}
-    assert {"accuracy_by_family.png", "loss_curves.png", "throughput.png", "cumulative_wire_bytes.png"} <= names
+    assert {"accuracy_by_family.png", "loss_curves.png", "throughput.png", "cumulative_wire_bytes.png",
+            "projected_speed_ratio.png"} <= names
 
 
 def test_the_verdicts_do_not_change_when_the_analysis_runs_twice(analysed):

@@ -179,3 +179,51 @@ def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
     assert "`tc` is not installed" in netns.unavailable()
+
+
+@needs_hosts
+def test_the_reports_cross_zone_dollars_are_the_measured_bytes_at_the_plans_rate_each_way(two_host_study):
+    """Two emulated hosts in the plan's two zones: every byte a host sends or receives on the
+    link is billed at infra.cross_zone_usd_per_gb, in each direction."""
+    study, arms = two_host_study
+    run_entry("commit", "--study", study)
+    from analysis.analyze import analyze
+
+    v, out = analyze(study)
+    report = (out / "report.md").read_text()
+    for arm in ("dense", "powersgd"):
+        m = arms[arm]["run"].data.metrics
+        measured = sum(m[M.host_wire_tx_total(j)] + m[M.host_wire_rx_total(j)] for j in (0, 1))
+        usd = measured / 1e9 * PLAN.infra.cross_zone_usd_per_gb
+        assert PLAN.infra.cross_zone_usd_per_gb == 0.01
+        assert v["cost"][arm]["cross_zone_bytes"] == measured
+        assert v["cost"][arm]["cross_zone_usd"] == pytest.approx(usd)
+        assert f"| {usd:.6f} |" in report
+
+
+def test_without_namespaces_the_study_falls_back_to_loopback_and_says_why(monkeypatch):
+    from gradshare import emulated
+
+    monkeypatch.setattr(netns, "unavailable", lambda: "network namespaces need root (this process is not root)")
+    link = emulated.choose_link("auto", PLAN)
+    assert not link.emulated
+    assert link.note == ("loopback: both ranks on one host, no byte crossed a link (network namespaces need "
+                         "root (this process is not root))")
+    with pytest.raises(SystemExit, match="hosts=emulated: cannot make emulated hosts here: network namespaces"):
+        emulated.choose_link("emulated", PLAN)
+    with pytest.raises(SystemExit, match="choose one of auto, emulated, loopback"):
+        emulated.choose_link("namespaces", PLAN)
+
+
+def test_a_tracking_server_off_this_machine_keeps_the_arms_on_loopback(monkeypatch):
+    import mlflow
+
+    from gradshare import emulated
+
+    monkeypatch.setattr(netns, "unavailable", lambda: None)
+    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "http://10.1.2.3:5000")
+    link = emulated.choose_link("auto", PLAN)
+    assert not link.emulated and "http://10.1.2.3:5000 is not on this machine's loopback" in link.note
+    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "sqlite:///mlflow.db")
+    assert emulated.choose_link("auto", PLAN).emulated
+    assert emulated.choose_link("auto", PLAN).note.startswith("emulated: two hosts (network namespaces) joined by a 22")
