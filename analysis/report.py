@@ -324,14 +324,29 @@ def _links(v: dict) -> list[str]:
 
 def _attempts(rec: StudyRecord) -> list[str]:
     """Every attempt of every arm, failed ones included: a retried arm is visible as such."""
-    md = ["## Attempts", "", "| arm | attempt | run id | status | reason |", "|---|---|---|---|---|"]
+    md = ["## Attempts", "", "| arm | attempt | run id | status | reason | resumed / full state |",
+          "|---|---|---|---|---|---|"]
     for arm, a in rec.arms.items():
         if not a.attempts:
-            md.append(f"| {arm} | — | {a.run_id or '—'} | {a.status} | {_cell(a.failure_reason)} |")
+            md.append(f"| {arm} | — | {a.run_id or '—'} | {a.status} | {_cell(a.failure_reason)} | |")
         for t in a.attempts:
+            # a resumed attempt that finished keeps no failure reason: its run ended well
+            reason = None if t.get("status") == "FINISHED" else t.get("failure_reason")
             md.append(f"| {arm} | {_fmt(t.get('attempt'), '')} | {t.get('run_id') or '—'} | "
-                      f"{t.get('status')} | {_cell(t.get('failure_reason'))} |")
+                      f"{t.get('status')} | {_cell(reason)} | {_full_state_cell(t)} |")
     return md + [""]
+
+
+def _full_state_cell(t: dict) -> str:
+    parts = []
+    if t.get("resumed_after_updates"):
+        parts.append("resumed after update " + ", ".join(map(str, t["resumed_after_updates"])))
+    if t.get("full_state_bytes"):
+        s = f"full state {t['full_state_bytes'] / 1e6:,.1f} MB, saved in {t.get('full_state_save_s', 0):.2f} s"
+        if t.get("full_state_load_s") is not None:
+            s += f", loaded in {t['full_state_load_s']:.2f} s"
+        parts.append(s)
+    return "; ".join(parts)
 
 
 def to_html(md_text: str, plot_paths: list[Path], title: str) -> str:

@@ -7,8 +7,16 @@
     mlflow run . -e train --env-manager local -P arm=powersgd -P num_machines=2 \\
         -P machine_rank=0 -P main_process_ip=10.0.0.5 -P main_process_port=29500
 
+    # full-state checkpoints every 40 updates; a stopped arm continues in its own run from the last
+    mlflow run . -e train --env-manager local -P arm=powersgd -P full_state_every=40
+    mlflow run . -e train --env-manager local -P arm=powersgd -P resume_from=<run id>
+
 The arm's processes are started with `accelerate launch` (gloo on CPU, NCCL on GPU).
 A run that cannot start, diverges or is stopped ends FAILED with gradshare.failure_reason.
+A resume is checked first (the run is a stopped attempt of the arm, the study is not
+committed, its newest full state is complete and every byte matches its manifest); a
+resume that cannot be made is recorded as a refusal of its own and the stopped run is
+left as it was.
 """
 from __future__ import annotations
 
@@ -25,6 +33,8 @@ def main(argv=None) -> None:
     ap.add_argument("--machine-rank", type=int, default=0)
     ap.add_argument("--main-process-ip", default="127.0.0.1")
     ap.add_argument("--main-process-port", type=int, default=0)
+    ap.add_argument("--full-state-every", type=int, default=0, help="full-state checkpoint every N updates")
+    ap.add_argument("--resume-from", default="", help="run id of a stopped attempt of this arm")
     args, _ = parse(ap, argv, overrides_allowed=False)
 
     from gradshare import metrics as M
@@ -45,14 +55,40 @@ def main(argv=None) -> None:
         except T.StudyError as exc:
             raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}")
         return
+    resume = None
+    if args.resume_from:
+        resume = _checked_resume(args.study, args.arm, args.resume_from)
+        os.environ["MLFLOW_RUN_ID"] = args.resume_from  # the stopped run, reopened: one run per attempt
     with T.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
                      system_metrics=True) as run:
-        summary = run_arm(args.study, args.arm, run, launch)
+        summary = run_arm(args.study, args.arm, run, launch, args.full_state_every, resume)
         if summary:
             m = summary["metrics"]
             print(f"[gradshare] arm {args.arm} FINISHED: final loss {m[M.FINAL_LOSS]:.4f}, "
                   f"active {m[M.ACTIVE_S]:.1f}s, {m[M.ACTIVE_TOKENS_PER_S]:,.0f} tok/s, "
                   f"checkpoint {summary['checkpoint_sha256'][:16]}…")
+
+
+def _checked_resume(study: str, arm: str, run_id: str):
+    """The verified resume, or a refusal recorded on a run of its own (the launcher's, if
+    `mlflow run` made one) while the stopped run stays untouched."""
+    from gradshare import tracking as T
+    from gradshare.train.driver import check_resume
+
+    T.setup(study)
+    try:
+        resume = check_resume(study, arm, run_id)
+    except T.Refusal as exc:
+        with T.study_run(study, "train", arm=arm, run_name=f"train-{arm}"):
+            raise exc
+    launcher = os.environ.pop("MLFLOW_RUN_ID", None)
+    if launcher and launcher != run_id:  # `mlflow run` made a run for this command: it only points
+        c = T.client()
+        c.set_tag(launcher, T.STUDY, study)
+        c.set_tag(launcher, T.STEP, "train-resume")
+        c.set_tag(launcher, "gradshare.resumed_run", run_id)
+        c.set_terminated(launcher, "FINISHED")
+    return resume
 
 
 if __name__ == "__main__":

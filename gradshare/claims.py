@@ -148,6 +148,30 @@ def decide_train(prefix: list[Entry], arm: str, max_attempts: int) -> int:
     return len(earlier) + 1
 
 
+def decide_resume(prefix: list[Entry], arm: str, run_id: str) -> None:
+    """A stopped attempt of `arm` may continue in its own run (`train --resume-from`), or a
+    Refusal naming what is in the way."""
+    own = [e for e in prefix if e.step == "train" and e.run_id == run_id and e.attempt]
+    if not own or own[0].arm != arm:
+        raise T.Refusal(f"run {run_id} is no attempt of arm {arm} in this study's ledger: nothing to resume")
+    done = [e for e in prefix if e.step == "train" and e.arm == arm and e.live and e.status == "FINISHED"]
+    if done:
+        raise T.Refusal(f"arm {arm} already finished (run {done[0].run_id}); nothing to resume")
+    if commits := _live(prefix, "commit"):
+        raise T.Refusal(f"the study is committed (commit run {commits[0].run_id}): a stopped arm can no longer "
+                        f"be resumed; it stays as committed")
+    running = [e for e in prefix if e.step == "train" and e.live and e.status != "FINISHED" and e.run_id != run_id]
+    if running:
+        r = running[0]
+        raise T.Refusal(f"arm {r.arm} is running (run {r.run_id}); arms run one after another, never overlapping")
+    resuming = [e for e in prefix if e.step == "resume" and e.run_id == run_id and e.status == "RUNNING"]
+    if resuming:
+        raise T.Refusal(f"run {run_id} is being resumed already (ledger entry {resuming[0].index})")
+    later = [e for e in prefix if e.attempt and e.arm == arm and e.index > own[0].index]
+    if later:
+        raise T.Refusal(f"run {run_id} is not arm {arm}'s last attempt (run {later[-1].run_id} came after it)")
+
+
 def decide_commit(prefix: list[Entry]) -> None:
     if commits := _live(prefix, "commit"):
         c = commits[0]

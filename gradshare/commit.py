@@ -23,8 +23,10 @@ def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -
     """The arm's outcome and every attempt of it, from the ledger entries before the commit."""
     attempts = claims.attempts(prefix, arm)
     for a in attempts:
+        run = T.client().get_run(a["run_id"])
         if a["status"] == "FINISHED":
-            a["checkpoint_sha256"] = T.client().get_run(a["run_id"]).data.tags.get(T.CKPT_SHA)
+            a["checkpoint_sha256"] = run.data.tags.get(T.CKPT_SHA)
+        a.update(full_state_record(run))
     finished = [a for a in attempts if a["status"] == "FINISHED" and a.get("checkpoint_sha256")]
     if finished:
         a = finished[0]
@@ -41,6 +43,21 @@ def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -
         reason += f" (its last start was refused: {refused[-1].reason})"
     return {"arm": arm, "run_id": _unavailable_run(study, arm, plan_sha, reason), "status": "FAILED",
             "failure_reason": reason, "attempts": []}
+
+
+def full_state_record(run) -> dict:
+    """Whether an attempt was resumed (after which updates) and its full states' size and seconds."""
+    from gradshare import metrics as M
+    from gradshare.train.driver import RESUMED
+
+    m, out = run.data.metrics, {}
+    if run.data.tags.get(RESUMED):
+        out["resumed_after_updates"] = [int(x) for x in run.data.tags[RESUMED].split(",")]
+    for key, name in ((M.FULL_STATE_BYTES, "full_state_bytes"), (M.FULL_STATE_SAVE_S, "full_state_save_s"),
+                      (M.FULL_STATE_LOAD_S, "full_state_load_s")):
+        if key in m:
+            out[name] = m[key]
+    return out
 
 
 def _unavailable_run(study: str, arm: str, plan_sha: str, reason: str) -> str:

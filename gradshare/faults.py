@@ -4,6 +4,7 @@
                                   so the run must end FAILED as diverged
     GRADSHARE_INJECT_HANG_AT=U:R  rank R sleeps for ever at the start of update U, so the
                                   other ranks must time out rather than wait for ever
+    GRADSHARE_INJECT_KILL_AT=U:R  rank R is killed (SIGKILL, no cleanup) at the start of update U
     GRADSHARE_INJECT_SLOW_S=S     every update takes S seconds longer (rank 0 sleeps inside
                                   the update's clock), so that deadlines and budgets are reached
 
@@ -12,12 +13,14 @@ Unset or empty: no fault. The training loop calls `update_start` and `loss` each
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 
 NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
 HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
 SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
+KILL_ENV = "GRADSHARE_INJECT_KILL_AT"
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,17 @@ class Faults:
     hang_at: int = 0
     hang_rank: int = 0
     slow_s: float = 0.0
+    kill_at: int = 0
+    kill_rank: int = 0
 
     def during_update(self, rank: int, sleep=time.sleep) -> None:
         if self.slow_s and rank == 0:
             sleep(self.slow_s)
 
     def update_start(self, update: int, rank: int, sleep=time.sleep) -> None:
+        if self.kill_at and update == self.kill_at and rank == self.kill_rank:
+            print(f"[gradshare] fault injection ({KILL_ENV}): rank {rank} killed at update {update}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.hang_at and update == self.hang_at and rank == self.hang_rank:
             # every rank prints this, not only rank 0: the log must say which rank went quiet
             print(f"[gradshare] fault injection ({HANG_ENV}): rank {rank} hangs at update {update}",
@@ -48,12 +56,15 @@ def from_env(env=None) -> Faults:
     nan = env.get(NAN_ENV, "").strip()
     hang = env.get(HANG_ENV, "").strip()
     slow = env.get(SLOW_ENV, "").strip()
+    kill = env.get(KILL_ENV, "").strip()
     try:
+        kill_at, kill_rank = (int(x) for x in kill.split(":")) if kill else (0, 0)
         nan_at = int(nan) if nan else 0
         hang_at, hang_rank = (int(x) for x in hang.split(":")) if hang else (0, 0)
         slow_s = float(slow) if slow else 0.0
     except ValueError:
         raise ValueError(f"fault injection: {NAN_ENV}={nan!r} must be an update number, "
-                         f"{HANG_ENV}={hang!r} must be UPDATE:RANK (e.g. 3:1) and {SLOW_ENV}={slow!r} "
+                         f"{HANG_ENV}={hang!r} and {KILL_ENV}={kill!r} must be UPDATE:RANK (e.g. 3:1) and "
+                         f"{SLOW_ENV}={slow!r} "
                          f"seconds; unset them to train without faults") from None
-    return Faults(nan_at, hang_at, hang_rank, slow_s)
+    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank)

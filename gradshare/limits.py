@@ -189,8 +189,10 @@ def expected_cross_bytes(plan, arm: str) -> float:
     return sum(per_update) * 2 * (hosts - 1) / hosts * WIRE_OVERHEAD * 2 * hosts
 
 
-def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None) -> Limits:
-    """Refuse an arm that would pass the deadline or the bound; else the figures for its workers."""
+def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
+               updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
+    """Refuse an arm that would pass the deadline or the bound; else the figures for its workers.
+    A resumed arm projects only its `updates_left`, and its earlier part is `extra_spent`."""
     from gradshare import tracking as T
 
     now = time.time() if now is None else now
@@ -199,13 +201,14 @@ def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, 
     hosts = plan.arms.processes(arm)
     usd_per_s = hosts * host_price(plan) / 3600
     cross_rate = plan.infra.cross_zone_usd_per_gb / GB if crosses_zones(plan, arm) else 0.0
-    before = spent(study, plan, exclude_run_id=own_run_id)
+    before = spent(study, plan, exclude_run_id=own_run_id) + extra_spent
     exp = expected_arm(study, plan, arm)
-    seconds = exp["startup_s"] + plan.schedule.updates * exp["update_s"]
-    cross = expected_cross_bytes(plan, arm)
+    left = plan.schedule.updates if updates_left is None else updates_left
+    seconds = exp["startup_s"] + left * exp["update_s"]
+    cross = expected_cross_bytes(plan, arm) * left / plan.schedule.updates
     cost = seconds * usd_per_s + cross * cross_rate
     how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
-           f"{plan.schedule.updates} updates x {exp['update_s']:.2f} s, {exp['source']})")
+           f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")
     if now + seconds > deadline:
         raise T.Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
                         f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "

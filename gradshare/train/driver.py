@@ -32,6 +32,7 @@ from gradshare import tracking as T
 from gradshare.hashing import sha256_text
 from gradshare.plan import Plan
 
+RESUMED = "gradshare.resumed_from_update"  # the updates a run was resumed after, comma-separated
 # Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
 STOP_GRACE_S = 10
 
@@ -198,29 +199,99 @@ def link_rate(plan: Plan, arm: str, launch: Launch) -> str:
     return "unknown" if launch.num_machines > 1 else "inf"
 
 
-def run_arm(study: str, arm: str, run, launch: Launch = Launch()) -> dict:
-    """The whole train step for one arm inside its MLflow run (machine rank 0)."""
+@dataclass(frozen=True)
+class Resume:
+    """A stopped attempt to continue in its own run, from its last full state (verified)."""
+    run_id: str
+    state_dir: Path
+    manifest: dict
+    spent_usd: float  # what the attempt cost before it stopped (its run is reopened)
+
+
+def latest_full_state(run_id: str) -> str | None:
+    """Artifact path of the run's newest complete full state (`full_state/uNNNNN` with a manifest)."""
+    from gradshare.train.fullstate import MANIFEST
+
+    c = T.client()
+    dirs = sorted((a.path for a in c.list_artifacts(run_id, "full_state") if a.is_dir), reverse=True)
+    for d in dirs:
+        if any(a.path.endswith("/" + MANIFEST) for a in c.list_artifacts(run_id, d)):
+            return d
+    return None
+
+
+def check_resume(study: str, arm: str, run_id: str) -> Resume:
+    """Everything a resume needs, before the stopped run is reopened; a Refusal otherwise."""
+    from gradshare.train import fullstate
+
+    prep, plan = store.prepared_plan(study)
+    try:
+        run = T.client().get_run(run_id)
+    except Exception:  # noqa: BLE001 - any lookup failure is a run that is not there
+        raise T.Refusal(f"resume_from={run_id}: no such run") from None
+    if run.data.tags.get(T.STUDY) != study or run.data.tags.get(T.ARM) != arm:
+        raise T.Refusal(f"resume_from={run_id} is not a train run of arm {arm} in study {study!r}")
+    if run.info.status not in ("FAILED", "KILLED"):
+        raise T.Refusal(f"resume_from={run_id} is {run.info.status}: only a stopped (FAILED or KILLED) arm resumes")
+    index = claims.append(prep.info.run_id, "resume", arm, run_id)
+    claims.decide_resume(claims.entries(prep.info.run_id, before=index), arm, run_id)
+    path = latest_full_state(run_id)
+    if path is None:
+        raise T.Refusal(f"run {run_id} saved no complete full state (train with -P full_state_every=N): "
+                        f"nothing to resume from")
+    local = T.download(run_id, path, Path(tempfile.mkdtemp(prefix="gradshare-resume-")))
+    try:
+        manifest = fullstate.verify(local, plan.arms.processes(arm))
+    except fullstate.FullStateError as exc:
+        raise T.Refusal(f"the full state {path} of run {run_id} is refused: {exc}") from None
+    return Resume(run_id, local, manifest, limits.run_spend(plan, run))
+
+
+def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_every: int = 0,
+            resume: Resume | None = None) -> dict:
+    """The whole train step for one arm inside its MLflow run (machine rank 0); with `resume`,
+    the stopped attempt's own run, reopened, continuing from its full state."""
     import mlflow
 
     prep, plan = store.prepared_plan(study)
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
     check_launch(launch)
     check_devices(plan, arm, launch)
-    attempt = claim_arm(prep, plan, arm, run.info.run_id)
+    if full_state_every < 0:
+        raise T.Refusal(f"full_state_every={full_state_every}: give a number of updates >= 1, or 0 for none")
+    if resume is None:
+        attempt = claim_arm(prep, plan, arm, run.info.run_id)
+        done = 0
+    else:
+        attempt = int(run.data.tags.get(T.ATTEMPT, "1"))
+        done = resume.manifest["update"]
     # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
-    arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id)
-    mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
-    print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
-    mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
-                       "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-                       "main_process_ip": launch.main_process_ip, "attempt": attempt,
-                       "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
-                       "link": link_description(plan, arm, launch),
-                       "link_rate_mbit": link_rate(plan, arm, launch)})
+    arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
+                                   updates_left=plan.schedule.updates - done,
+                                   extra_spent=resume.spent_usd if resume else 0.0)
+    if resume is None:
+        mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
+        print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
+        mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
+                           "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
+                           "main_process_ip": launch.main_process_ip, "attempt": attempt,
+                           "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
+                           "link": link_description(plan, arm, launch),
+                           "link_rate_mbit": link_rate(plan, arm, launch), "full_state_every": full_state_every})
+    else:
+        before = run.data.tags.get(RESUMED, "")
+        mlflow.set_tags({RESUMED: f"{before},{done}" if before else str(done),
+                         "mlflow.runName": f"train-{arm}-attempt{attempt}",
+                         "gradshare.resumed_full_state_bytes": str(resume.manifest["bytes"])})
+        print(f"[gradshare] arm {arm}: attempt {attempt} resumed after update {done} from its full state "
+              f"({resume.manifest['bytes']:,} bytes)", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
     try:
         workdir = _verified_workdir(prep, plan, tmp)
         arm_limits.write(workdir)
+        (workdir / "fullstate.json").write_text(json.dumps({"every": full_state_every}))
+        if resume is not None:
+            shutil.copytree(resume.state_dir, workdir / "resume")
         _launch_workers(plan, arm, workdir, run.info.run_id, launch)
         summary = json.loads((workdir / "summary.json").read_text())
         mlflow.log_metrics(summary["metrics"])

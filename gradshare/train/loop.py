@@ -17,6 +17,8 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,7 @@ from gradshare.data.schedule import rank_share, update_sha256
 from gradshare.metering import Clock, add_into, gather, host_counters, per_host_delta
 from gradshare.model import TokenLoss, collate, compile_layers
 from gradshare.plan import Plan
+from gradshare.train import fullstate
 from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
 
 
@@ -47,6 +50,40 @@ class LoopResult:
     hook_passes: int | None = None  # PowerSGD state's exchange count: one per update
 
 
+@dataclass
+class FullState:
+    """Full-state checkpoints of one arm (`gradshare.train.fullstate`)."""
+    every: int = 0
+    """Save after every `every`-th update but the last; 0: never."""
+    root: Path | None = None
+    """Where rank 0 writes them."""
+    on_saved: Callable | None = None
+    """Rank 0, after each save: on_saved(path, manifest)."""
+    resume: dict | None = None
+    """A loaded full state (`fullstate.load`) to continue from."""
+
+
+_TOTALS = ("losses", "active_s", "tokens", "logical_bytes", "logical_bytes_post_warmup", "wire")
+
+
+def _save_full_state(fs: FullState, u: int, arm: str, model, opt, psgd_state, res: "LoopResult",
+                     rank: int, world: int) -> None:
+    """Every rank's RNG and PowerSGD state to rank 0, which writes the whole state atomically."""
+    mine = {"rng": fullstate.rng_state(), "powersgd": fullstate.powersgd_state(psgd_state)}
+    if world > 1:
+        ranks = [None] * world if rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0)
+    else:
+        ranks = [mine]
+    if rank == 0:
+        loop = {"update": u, **{k: getattr(res, k) for k in _TOTALS}}
+        path, manifest = fullstate.save(fs.root, u, arm, world, model.state_dict(), opt.state_dict(), ranks, loop)
+        if fs.on_saved:
+            fs.on_saved(path, manifest)
+    if world > 1:  # no rank goes on (or dies) before the state is saved and uploaded whole
+        dist.barrier()
+
+
 def _lr(plan: Plan, update: int) -> float:
     o = plan.optim
     if o.warmup_updates and update <= o.warmup_updates:
@@ -64,10 +101,11 @@ def micro_batches(doc_ids: list[str], lengths: dict[str, int], size: int) -> lis
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
 
-def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
+def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hook: bool = True):
     """The model with its token loss (`TokenLoss`); `single`: as is, `dense`/`powersgd`: in DDP,
     with the PowerSGD hook for the latter. The plan's hardware levers are applied here, in
-    one place, and each computes the same function as the plain path."""
+    one place, and each computes the same function as the plain path. `register_hook=False`:
+    the PowerSGD state is made but not registered (resume registers it after a plain pass)."""
     h = plan.hardware
     if h.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -95,7 +133,8 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device):
                                     p.error_feedback, p.min_compression_rate, plan.study.seed,
                                     hook=p.hook, orthogonalization=p.orthogonalization,
                                     staging_mb=p.staging_mb)
-        ddp.register_comm_hook(state, hook_for(p.error_feedback, p.hook))
+        if register_hook:
+            ddp.register_comm_hook(state, hook_for(p.error_feedback, p.hook))
     return ddp, state
 
 
@@ -109,20 +148,31 @@ def _cross_zone_bytes(wire: dict) -> float:
 
 
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
-          device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None) -> LoopResult:
+          device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
+          full_state: FullState | None = None) -> LoopResult:
     """Run every update of the schedule; `on_step(update, metrics)` is called on rank 0.
 
     `limits` (`gradshare.limits.Limits`, rank 0's; None: no limits): after every update rank 0
     decides whether the next one may start, and every rank follows (one small all-reduce),
-    so an arm stops after a whole update with `LimitStop`."""
+    so an arm stops after a whole update with `LimitStop`.
+
+    `full_state`: save a full state every N updates, and/or continue from one: the weights and
+    AdamW state are loaded, DDP makes one plain pass (its bucket rebuild, no update) before
+    the restored PowerSGD state is registered, each rank's RNG is restored, and the loop
+    goes on from the next update with its running totals."""
     s, o = plan.schedule, plan.optim
     max_tok = schedule["max_doc_tokens"]
     encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
     lengths = {i: len(e[0]) for i, e in encoded.items()}
-    net, psgd_state = wrap_for_arm(model, arm, plan, device)
+    resume = full_state.resume if full_state else None
+    if resume:
+        model.load_state_dict(resume["model"])
+    net, psgd_state = wrap_for_arm(model, arm, plan, device, register_hook=resume is None)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                             weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
+    if resume:
+        opt.load_state_dict(resume["optimizer"])
     # Gradients that are DDP bucket views must stay views: zero them in place. Set to None,
     # the next micro-batches would accumulate into fresh tensors beside the buckets.
     grads_to_none = not (arm != "single" and plan.hardware.gradient_as_bucket_view)
@@ -135,9 +185,27 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     faults = F.from_env()
     res = LoopResult()
     slowest, last_cross = 0.0, 0.0  # for the limits: the next update as slow as the slowest so far
-    t_start = time.perf_counter()
+    first = 1
     net.train()
+    if resume:
+        first = resume["loop"]["update"] + 1
+        for k in _TOTALS:
+            setattr(res, k, resume["loop"][k])
+        if arm != "single":  # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
+            mine = rank_share(schedule["updates"][first - 1], rank, world)
+            mb = micro_batches(mine, lengths, s.micro_batch_docs)[0]
+            ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
+            net(ids, att, tgt).sum().backward()
+            opt.zero_grad(set_to_none=grads_to_none)
+            if psgd_state is not None:
+                fullstate.restore_powersgd_state(psgd_state, resume["ranks"][rank]["powersgd"], device=device)
+                net.register_comm_hook(psgd_state, hook_for(plan.powersgd.error_feedback, plan.powersgd.hook))
+        fullstate.set_rng_state(resume["ranks"][rank]["rng"])
+        log(f"[{arm}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
+    t_start = time.perf_counter()
     for u, update_docs in enumerate(schedule["updates"], start=1):
+        if u < first:
+            continue  # done before the full state this run resumed from
         if update_sha256(update_docs) != schedule["update_sha256"][u - 1]:
             raise RuntimeError(f"schedule entry {u} does not match its registered hash")
         n_global = schedule["target_tokens"][u - 1]
@@ -147,7 +215,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             g["lr"] = _lr(plan, u)
         faults.update_start(u, rank)
         wire0 = gather(host_counters(), world)
-        if u == 1:
+        if u == first:
             res.wire_first = wire0  # where the startup phase ends (metering)
         with Clock(sync) as clock:
             faults.during_update(rank)
@@ -209,10 +277,12 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             if on_step:
                 on_step(u, metrics, update_sha256(update_docs))
             elapsed = time.perf_counter() - t_start
-            eta = elapsed / u * (len(schedule["updates"]) - u)
+            eta = elapsed / (u - first + 1) * (len(schedule["updates"]) - u)
             log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
                 f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+        if full_state and full_state.every and u % full_state.every == 0 and u < len(schedule["updates"]):
+            _save_full_state(full_state, u, arm, model, opt, psgd_state, res, rank, world)
         code = {None: 0, "deadline": 1, "budget": 2}[stop[0] if stop else None]
         if world > 1:  # every rank stops together, or none does
             flag = torch.tensor([float(code)], device=device)

@@ -58,6 +58,17 @@ class HostErrorPowerSGDState(PowerSGDState):
         return state
 
 
+def check_error_size(index: int, error: torch.Tensor, buffer: torch.Tensor) -> None:
+    """A staged error must be the size of its bucket: a restored state registered on a DDP
+    whose buckets differ (a fresh DDP's first pass uses its pre-rebuild bucket) would
+    otherwise fail deep in upstream with a size mismatch."""
+    if error.numel() != buffer.numel():
+        raise RuntimeError(
+            f"PowerSGD error feedback for bucket {index} has {error.numel()} elements but the bucket has "
+            f"{buffer.numel()}: the state was saved with another bucket layout. Resume makes one plain "
+            f"pass (DDP's bucket rebuild) before it registers a restored state")
+
+
 def host_error_powerSGD_hook(
     state: HostErrorPowerSGDState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -69,6 +80,7 @@ def host_error_powerSGD_hook(
     # every bucket of one pass.
     compressing = state.iter >= state.start_powerSGD_iter
     if compressing and index in state.host_error:
+        check_error_size(index, state.host_error[index], buffer)
         # Upstream adds error_dict[index] to the gradient; the error takes the bucket's
         # dtype there. On the first compressed pass there is no host error yet and
         # upstream creates the zero error itself.
@@ -242,6 +254,7 @@ def fast_host_error_powerSGD_hook(
     if host is None:
         work = buffer.clone()  # upstream's first compressed pass: a zero error
     else:
+        check_error_size(index, host, buffer)
         if copies is not None:
             copies.fetch(index, host, buffer.dtype, buffer.device)
             work = copies.take(index)

@@ -91,7 +91,10 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from gradshare.limits import Limits
 
     limits = Limits.read(workdir) if rank == 0 else None  # rank 0 decides; the others follow it
-    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits)
+    full = _full_state(workdir, world, rank, client, run_id, log)
+    if full.resume:
+        seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
+    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full)
 
     # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
     starts = gather(wire_start, world)
@@ -118,6 +121,32 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
             "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}, indent=1))
     accelerator.wait_for_everyone()
+
+
+def _full_state(workdir: Path, world: int, rank: int, client, run_id: str | None, log):
+    """The arm's full-state settings (`fullstate.json` from the driver) and, to resume, the
+    state the driver verified into `resume/` (verified again here: nothing unchecked loads)."""
+    from gradshare import metrics as M
+    from gradshare.train import fullstate
+    from gradshare.train.loop import FullState
+
+    cfg = json.loads((workdir / "fullstate.json").read_text()) if (workdir / "fullstate.json").exists() else {}
+    resume = fullstate.load(workdir / "resume", world) if (workdir / "resume").exists() else None
+
+    def on_saved(path: Path, manifest: dict) -> None:
+        log(f"[gradshare] full state after update {manifest['update']}: {manifest['bytes']:,} bytes in "
+            f"{manifest['save_s']:.2f}s")
+        if client is not None:
+            # the manifest last: a store that holds it holds every file it names
+            for f in sorted(path.iterdir(), key=lambda f: f.name == fullstate.MANIFEST):
+                client.log_artifact(run_id, str(f), f"full_state/{path.name}")
+            client.log_metric(run_id, M.FULL_STATE_BYTES, manifest["bytes"], step=manifest["update"])
+            client.log_metric(run_id, M.FULL_STATE_SAVE_S, manifest["save_s"], step=manifest["update"])
+
+    if resume and client is not None:
+        client.log_metric(run_id, M.FULL_STATE_LOAD_S, resume["load_s"], step=resume["loop"]["update"])
+    return FullState(every=int(cfg.get("every", 0)), root=workdir / "full_state",
+                     on_saved=on_saved if rank == 0 else None, resume=resume)
 
 
 def main(argv=None) -> None:
