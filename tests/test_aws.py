@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 from gradshare import prices
 from gradshare import tracking as T
 from gradshare.plan import load_plan
-from tests.conftest import REPO, SMALL, free_port, overrides, run_entry
+from tests.conftest import REPO, free_port, overrides, run_entry
 
 REGION = "us-east-1"
 FAKE_KEY, FAKE_SECRET = "AKIAGRADSHARETESTKEY", "gradshare-test-secret-never-logged"
