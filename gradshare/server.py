@@ -6,7 +6,13 @@ says (`infra.artifact_destination`, e.g. s3://bucket/prefix), bound to 127.0.0.1
     # artifacts in S3: the server alone needs AWS credentials (boto3's standard chain); the
     # hosts talk only HTTP to it (`mlflow-artifacts:` proxying)
 
-It runs `mlflow server` in the foreground (Ctrl-C stops it).
+    # with MLflow's basic-auth app: the admin's name and password from the environment
+    GRADSHARE_SERVER_USER=admin GRADSHARE_SERVER_PASSWORD=... gradshare server --auth
+    # clients then authenticate with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
+
+It runs `mlflow server` in the foreground (Ctrl-C stops it). The credentials never reach a
+command line or a log: they go into the auth app's config file, private to this user
+(mode 0600), in a directory of its own.
 """
 from __future__ import annotations
 
@@ -15,10 +21,47 @@ import os
 import sys
 
 
-def command(plan, host: str, port: int, backend: str, workers: int = 1) -> list[str]:
+USER_ENV, PASSWORD_ENV = "GRADSHARE_SERVER_USER", "GRADSHARE_SERVER_PASSWORD"
+
+
+def command(plan, host: str, port: int, backend: str, workers: int = 1, auth: bool = False) -> list[str]:
     dest = plan.infra.artifact_destination or os.path.abspath("mlartifacts")
-    return [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port),
-            "--backend-store-uri", backend, "--artifacts-destination", dest, "--workers", str(workers)]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", host, "--port", str(port),
+           "--backend-store-uri", backend, "--artifacts-destination", dest, "--workers", str(workers)]
+    return cmd + (["--app-name", "basic-auth"] if auth else [])
+
+
+def auth_config(directory: str, env=None) -> str:
+    """Write MLflow's basic-auth config with the admin from the environment; returns its path."""
+    import stat
+
+    env = os.environ if env is None else env
+    user, password = env.get(USER_ENV), env.get(PASSWORD_ENV)
+    if not user or not password:
+        raise SystemExit(f"gradshare server --auth: set {USER_ENV} and {PASSWORD_ENV} (the admin's name and "
+                         f"password; they are written only to a private config file)")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, "basic_auth.ini")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("[mlflow]\ndefault_permission = READ\n"
+                 f"database_uri = sqlite:///{os.path.join(directory, 'basic_auth.db')}\n"
+                 f"admin_username = {user}\nadmin_password = {password}\nauthorization_function = "
+                 "mlflow.server.auth:authenticate_request_basic_auth\n")
+    return path
+
+
+def _secret_key(directory: str) -> str:
+    """The auth app's CSRF key: made once, kept private beside its config, the same across restarts."""
+    import secrets
+
+    path = os.path.join(directory, "flask_secret_key")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    with open(path) as fh:
+        return fh.read().strip()
 
 
 def main(argv=None) -> None:
@@ -30,10 +73,17 @@ def main(argv=None) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=5000)
     ap.add_argument("--backend-store-uri", default="sqlite:///mlflow.db")
+    ap.add_argument("--auth", action="store_true", help=f"MLflow's basic-auth app; admin from ${USER_ENV}, "
+                                                        f"${PASSWORD_ENV}")
+    ap.add_argument("--auth-dir", default=".gradshare-auth", help="where the auth app keeps its config and users")
     ap.add_argument("--print", action="store_true", help="print the command instead of running it")
     args, overrides = ap.parse_known_args(argv)
     plan_overrides = dict(zip([k[2:] for k in overrides[::2]], overrides[1::2]))
-    cmd = command(load_plan(args.profile, plan_overrides), args.host, args.port, args.backend_store_uri)
+    cmd = command(load_plan(args.profile, plan_overrides), args.host, args.port, args.backend_store_uri,
+                  auth=args.auth)
+    if args.auth:
+        os.environ["MLFLOW_AUTH_CONFIG_PATH"] = auth_config(os.path.abspath(args.auth_dir))
+        os.environ.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", _secret_key(os.path.abspath(args.auth_dir)))
     print(" ".join(cmd), flush=True)
     if not args.print:
         os.execv(cmd[0], cmd)

@@ -30,6 +30,28 @@ class Refusal(StudyError):
     its run is tagged `gradshare.refusal=true` and is not an attempt of anything."""
 
 
+REACH_TIMEOUT_S = 10
+
+
+def check_reachable(uri: str) -> None:
+    """A tracking server that does not answer is refused at once, naming it (MLflow's own
+    client would retry for minutes first)."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlparse
+
+    if urlparse(uri).scheme not in ("http", "https"):
+        return
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
+    except urllib.error.HTTPError:
+        return  # it answered (a proxy or an auth app may refuse /health itself)
+    except (OSError, ValueError) as exc:
+        # SystemExit: one line on stderr, no run anywhere (there is no store to put one in)
+        raise SystemExit(f"[gradshare] the tracking server {uri} is unreachable ({getattr(exc, 'reason', exc)}): "
+                         f"start it (`gradshare server`) or point MLFLOW_TRACKING_URI at one; nothing was done") from None
+
+
 def setup(study: str):
     """Point MLflow at the store and the study's experiment; returns the experiment id."""
     import mlflow
@@ -39,6 +61,7 @@ def setup(study: str):
     os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    check_reachable(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.set_experiment(study)
     if exp.tags.get(EXPERIMENT_KIND) != "custom_model_development":
         # MLflow 3's UI opens a GenAI overview unless told this is model training.
