@@ -39,6 +39,8 @@ def main(argv=None) -> None:
 
     from gradshare import metrics as M
     from gradshare import tracking as T
+
+    T.stop_on_sigterm()
     from gradshare.train.driver import Launch, run_arm, run_secondary_host
 
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)

@@ -33,6 +33,17 @@ class Refusal(StudyError):
 REACH_TIMEOUT_S = 10
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM ends a step as Ctrl-C does (an exception, so its run is ended FAILED with the
+    reason and its processes are stopped), instead of killing it with its run left RUNNING."""
+    import signal
+
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def check_reachable(uri: str) -> None:
     """A tracking server that does not answer is refused at once, naming it (MLflow's own
     client would retry for minutes first)."""
@@ -170,7 +181,10 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         yield run
         status = "FINISHED"
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
-        reason = "stopped by the user (interrupt)" if isinstance(exc, KeyboardInterrupt) else one_line(exc)
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (`stop_on_sigterm`) with its words
+            reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
+        else:
+            reason = one_line(exc)
         try:
             refused = {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
             mlflow.set_tags({FAILURE: reason} | (refused if isinstance(exc, Refusal) else {}))

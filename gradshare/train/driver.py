@@ -292,7 +292,12 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
         (workdir / "fullstate.json").write_text(json.dumps({"every": full_state_every}))
         if resume is not None:
             shutil.copytree(resume.state_dir, workdir / "resume")
-        _launch_workers(plan, arm, workdir, run.info.run_id, launch)
+        try:
+            _launch_workers(plan, arm, workdir, run.info.run_id, launch)
+        except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
+            steps = [m.step for m in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
+            raise KeyboardInterrupt(f"{exc or 'stopped by the user (interrupt)'}; last completed update "
+                                    f"{max(steps, default=0)} of {plan.schedule.updates}") from None
         summary = json.loads((workdir / "summary.json").read_text())
         mlflow.log_metrics(summary["metrics"])
         mlflow.log_text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
