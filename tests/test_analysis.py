@@ -131,11 +131,14 @@ def test_the_attempts_table_lists_every_attempt_of_every_arm():
                   powersgd=("FAILED", "r3", "never started: unavailable"))
     rec.arms["single"].attempts = attempts_of(old)
     rec.arms["dense"].attempts = attempts_of(retried)
+    rec.arms["dense"].attempts[1].update(resumed_after_updates=[40], full_state_bytes=25.6e6,
+                                         full_state_save_s=0.07, full_state_load_s=0.03)
     rows = [line for line in _attempts(rec) if line.startswith("| ") and not line.startswith("| arm")]
-    assert rows == ["| single | 1 | r0 | FAILED | diverged |",
-                    "| dense | 1 | r1 | FAILED | worker hung \\| timed out |",
-                    "| dense | 2 | r2 | FINISHED |  |",
-                    "| powersgd | — | r3 | FAILED | never started: unavailable |"]
+    assert rows == ["| single | 1 | r0 | FAILED | diverged |  |",
+                    "| dense | 1 | r1 | FAILED | worker hung \\| timed out |  |",
+                    "| dense | 2 | r2 | FINISHED |  | resumed after update 40; full state 25.6 MB, saved in 0.07 s, "
+                    "loaded in 0.03 s |",
+                    "| powersgd | — | r3 | FAILED | never started: unavailable | |"]
 
 
 def test_report_html_renders_the_markdown_and_inlines_the_plots(tmp_path):
