@@ -1,6 +1,8 @@
 """Faults injected for real that FAULTS.md lists and no other module covers: a whole arm
 stopped with SIGTERM ends FAILED with the reason and the last completed update, and leaves
-no worker process behind."""
+no worker process behind; a disk that fills while the checkpoint is written fails the arm
+with that reason, and nothing partial is taken for a checkpoint (a real tmpfs; skipped
+with the reason where none can be mounted)."""
 from __future__ import annotations
 
 import os
@@ -43,3 +45,44 @@ def test_sigterm_to_an_arm_ends_it_failed_with_its_last_update_and_no_process_le
     assert 3 <= last == logged < 8
     left = [p for p in psutil.process_iter(["cmdline"]) if run.info.run_id in " ".join(p.info["cmdline"] or [])]
     assert not left, [p.info["cmdline"] for p in left]
+
+
+def _tmpfs(path, size: str):
+    path.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    return made.returncode == 0, made.stderr.strip()
+
+
+def test_a_full_disk_while_writing_the_checkpoint_fails_the_arm_and_no_partial_checkpoint_is_taken(
+        mlflow_server, tmp_path):
+    import pytest
+
+    study = "full-disk-study"
+    run_entry("prepare", "--study", study, *overrides())
+    # room for the verified inputs (the seed model among them), not for them and the checkpoint
+    [prep] = T.search(study, "prepare")
+    inputs = sum(f.file_size or 0 for f in _walk(prep.info.run_id, "inputs"))
+    disk = tmp_path / "small-disk"
+    ok, why = _tmpfs(disk, f"{int(inputs * 1.25) // 1024 + 64}k")
+    if not ok:
+        pytest.skip(f"no tmpfs here: {why}")
+    try:
+        proc = run_entry("train", "--study", study, "--arm", "single", check=False, env={"TMPDIR": str(disk)})
+        assert proc.returncode != 0
+        [run] = T.search(study, "train", "single")
+        assert run.info.status == "FAILED"
+        assert "No space left on device" in run.data.tags[T.FAILURE], run.data.tags[T.FAILURE]
+        # every update trained: the disk filled while the step-8 checkpoint was written
+        assert len(T.client().get_metric_history(run.info.run_id, M.STEP_S)) == 8
+        assert T.CKPT_SHA not in run.data.tags  # nothing was taken for a checkpoint
+        assert not [a for a in T.client().list_artifacts(run.info.run_id) if a.path == "checkpoint"]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def _walk(run_id: str, path: str) -> list:
+    out = []
+    for a in T.client().list_artifacts(run_id, path):
+        out += _walk(run_id, a.path) if a.is_dir else [a]
+    return out
