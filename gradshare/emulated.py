@@ -111,6 +111,19 @@ def _pump(stream, prefix: str) -> None:
         sys.stdout.flush()
 
 
+def _wait_for_claim(study: str, arm: str, host0: subprocess.Popen, timeout_s: float) -> None:
+    """Until machine rank 0's train run is RUNNING with its attempt decided, or rank 0 ended."""
+    import time
+
+    from gradshare import tracking as T
+
+    deadline = time.monotonic() + timeout_s
+    while host0.poll() is None and time.monotonic() < deadline:
+        if any(T.ATTEMPT in r.data.tags for r in T.search(study, "train", arm, status="RUNNING")):
+            return
+        time.sleep(0.5)
+
+
 def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float) -> bool:
     """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
     afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
@@ -127,6 +140,13 @@ def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float) -> 
         env.update(hosts.env)
         procs, pumps = [], []
         for rank in (0, 1):
+            if rank == 1:
+                # Host 1 starts once host 0's run holds the arm (its claim decided): a refused arm
+                # never leaves host 1 waiting at the rendezvous, and host 0's orphan sweep never
+                # meets host 1's launcher run before that run is tagged as alive.
+                _wait_for_claim(study, arm, procs[0], timeout_s)
+                if procs[0].poll() is not None:
+                    break  # host 0 ended (refused, failed): nothing for host 1 to join
             p = subprocess.Popen(hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0]),
                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             t = threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True)
@@ -136,7 +156,8 @@ def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float) -> 
         try:
             rc0 = procs[0].wait(timeout=timeout_s)
             try:
-                procs[1].wait(timeout=SECONDARY_GRACE_S)
+                if len(procs) > 1:
+                    procs[1].wait(timeout=SECONDARY_GRACE_S)
             except subprocess.TimeoutExpired:
                 print(f"[gradshare] host 1 still running {SECONDARY_GRACE_S}s after host 0 ended: stopped",
                       flush=True)
