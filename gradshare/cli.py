@@ -7,14 +7,16 @@
     gradshare project [--study gradshare-tiny]      # speed and dollars on the study's hosts, 2-64 hosts
     gradshare guard --study gradshare-full          # stop the plan's EC2 instances at the deadline
     gradshare server [--profile full]               # the tracking server, artifacts where the plan says
+    gradshare upload [gradshare-outbox/<run id>]    # what arms kept while the tracking server was gone
 """
 from __future__ import annotations
 
 import importlib
 import sys
 
-STEPS = ("prepare", "train", "commit", "score", "analyze", "study", "project", "guard", "server")
-MODULES = {"project": "gradshare.projection", "guard": "gradshare.guard", "server": "gradshare.server"}
+STEPS = ("prepare", "train", "commit", "score", "analyze", "study", "project", "guard", "server", "upload")
+MODULES = {"project": "gradshare.projection", "guard": "gradshare.guard", "server": "gradshare.server",
+           "upload": "gradshare.outbox"}
 
 
 def main(argv=None) -> None:

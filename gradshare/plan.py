@@ -64,6 +64,9 @@ class ArmsPlan:
     `expected_update_s`, what the deadline and budget checks project before the first arm."""
     timeout_margin: float = 4.0
     """An arm is stopped as `timeout` after startup_s + updates x expected_update_s x this margin."""
+    tracking_grace_s: float = 300.0
+    """Seconds an arm trains on while the tracking server does not answer (its records wait on
+    local disk, `gradshare.outbox`); past them it stops after a whole update, records kept."""
 
     def timeout_s(self, updates: int) -> float:
         """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""

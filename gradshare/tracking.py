@@ -173,7 +173,7 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         client().delete_tag(run_id, FAILURE)
     run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
                            log_system_metrics=system_metrics)
-    status = "FAILED"
+    status, end_tags = "FAILED", {}
     try:
         from gradshare.orphans import process_tags
 
@@ -185,13 +185,37 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
             reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
         else:
             reason = one_line(exc)
-        try:
-            refused = {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
-            mlflow.set_tags({FAILURE: reason} | (refused if isinstance(exc, Refusal) else {}))
-        finally:
-            if not isinstance(exc, StudyError):
-                traceback.print_exc()
-            print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
+        refused = {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
+        end_tags = {FAILURE: reason} | (refused if isinstance(exc, Refusal) else {})
+        if not isinstance(exc, StudyError):
+            traceback.print_exc()
+        print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
         raise SystemExit(1) from None
     finally:
-        mlflow.end_run(status)  # whatever happened above, the run does not stay RUNNING
+        end_run(run.info.run_id, status, end_tags)  # whatever happened above, the run does not stay RUNNING
+
+
+def end_run(run_id: str, status: str, tags: dict) -> None:
+    """End the step's run with its tags. Where the server does not answer, or the run's earlier
+    records still wait in its outbox, the end waits there behind them (`gradshare upload`)."""
+    import mlflow
+
+    from gradshare import outbox
+
+    box = outbox.Outbox(run_id, grace_s=0)
+    if not box.pending() and outbox.reachable():
+        if tags:
+            mlflow.set_tags(tags)
+        mlflow.end_run(status)
+        return
+    box.end(status, tags)
+    with outbox.fast_fail():
+        try:
+            mlflow.end_run(status)  # takes the run off this process's stack; its server call may fail
+        except Exception:  # noqa: BLE001 - the end is in the journal
+            pass
+    if box.pending():
+        print(f"[gradshare] the tracking server does not answer: the run's end ({status}) and "
+              f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,39 +30,85 @@ SMALL = {
 }
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination",
-         str(root / "artifacts"), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+def wait_until_serving(proc: subprocess.Popen, uri: str, log: Path, timeout_s: float = 120) -> None:
+    """Until the server at `uri` answers /health (any HTTP answer: an auth app may refuse it);
+    the log's tail in the error if it dies or never answers."""
+    deadline = time.time() + timeout_s
     while True:
         try:
-            if urllib.request.urlopen(uri + "/health", timeout=2).read() == b"OK":
-                break
+            urllib.request.urlopen(uri + "/health", timeout=2).read()
+            return
+        except urllib.error.HTTPError:
+            return
         except OSError:
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+            raise RuntimeError(f"the server at {uri} did not start: {log.read_text()[-2000:]}")
         time.sleep(0.5)
+
+
+class MlflowServer:
+    """A real `mlflow server` (SQLite backend, served artifacts) that a test may stop and start
+    again on the same port and store, as a crashed or restarted server would be."""
+
+    def __init__(self, root: Path, port: int | None = None):
+        self.root, self.port = root, port or free_port()
+        self.uri, self.artifacts, self.proc = f"http://127.0.0.1:{self.port}", root / "artifacts", None
+
+    def start(self) -> "MlflowServer":
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = self.root / "server.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination",
+             str(self.artifacts), "--workers", "1"], stdout=open(log, "a"), stderr=subprocess.STDOUT,
+            cwd=self.root, start_new_session=True)
+        wait_until_serving(self.proc, self.uri, log)
+        return self
+
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP every process of the server (it accepts connections and never answers: a hung
+        server, or a network that drops its packets); SIGCONT again with `frozen=False`."""
+        import signal
+
+        import psutil
+
+        root = psutil.Process(self.proc.pid)
+        for p in [root] + root.children(recursive=True):
+            p.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Every process of the server at once (SIGKILL): a crash, not a shutdown."""
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.proc.pid)] + psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     old = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ["MLFLOW_TRACKING_URI"] = server.uri
     import mlflow
-    mlflow.set_tracking_uri(uri)
-    yield SimpleNamespace(uri=uri, artifacts=root / "artifacts")
+    mlflow.set_tracking_uri(server.uri)
+    yield SimpleNamespace(uri=server.uri, artifacts=server.artifacts)
     if old is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = old
-    proc.terminate()
-    proc.wait(timeout=30)
+    server.proc.terminate()
+    server.proc.wait(timeout=30)
 
 
 def run_entry(module: str, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 from gradshare import prices
 from gradshare import tracking as T
 from gradshare.plan import load_plan
-from tests.conftest import REPO, free_port, overrides, run_entry
+from tests.conftest import REPO, free_port, overrides, run_entry, wait_until_serving
 
 REGION = "us-east-1"
 FAKE_KEY, FAKE_SECRET = "AKIAGRADSHARETESTKEY", "gradshare-test-secret-never-logged"
@@ -134,8 +134,6 @@ def test_prepare_records_a_refreshed_price_or_the_fallback_and_why(mlflow_server
 @pytest.fixture(scope="module")
 def s3_server(tmp_path_factory, moto_endpoint):
     """A tracking server whose artifacts live in a (moto) S3 bucket; clients see only HTTP."""
-    import urllib.request
-
     s3 = boto3.client("s3", region_name=REGION)
     s3.create_bucket(Bucket="gradshare-artifacts")
     root = tmp_path_factory.mktemp("s3-server")
@@ -146,15 +144,7 @@ def s3_server(tmp_path_factory, moto_endpoint):
                              "s3://gradshare-artifacts/studies", "--workers", "1"], env=env, cwd=root,
                             stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT)
     uri = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            if urllib.request.urlopen(uri + "/health", timeout=2).read() == b"OK":
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        raise RuntimeError((root / "server.log").read_text()[-2000:])
+    wait_until_serving(proc, uri, root / "server.log")
     yield uri
     proc.terminate()
     proc.wait(timeout=30)

@@ -11,7 +11,6 @@ import re
 import stat
 import subprocess
 import sys
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from gradshare.plan import load_plan
 from gradshare.server import command
-from tests.conftest import REPO, free_port, overrides, run_entry
+from tests.conftest import REPO, free_port, overrides, run_entry, wait_until_serving
 
 SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAPLANTEDSECRET0001", "AWS_SECRET_ACCESS_KEY": "planted/aws+secret/key/0001",
            "GITHUB_TOKEN": "ghp_plantedtoken000000000000000000000001", "HF_TOKEN": "hf_plantedtoken0000000001",
@@ -65,16 +64,7 @@ def test_basic_auth_refuses_the_unauthenticated_and_serves_the_authenticated(tmp
                             stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise AssertionError((tmp_path / "server.log").read_text()[-3000:])
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except urllib.error.HTTPError:
-                break  # it answers
-            except OSError:
-                time.sleep(0.5)
+        wait_until_serving(proc, url, tmp_path / "server.log")
         api = url + "/api/2.0/mlflow/experiments/search?max_results=1"
         assert _get(api) == 401
         assert _get(api, (user, "wrong-password-000000")) == 401

@@ -30,6 +30,7 @@ from gradshare import metrics as M
 from gradshare import store
 from gradshare import tracking as T
 from gradshare.hashing import sha256_text
+from gradshare.outbox import Outbox
 from gradshare.plan import Plan
 
 RESUMED = "gradshare.resumed_from_update"  # the updates a run was resumed after, comma-separated
@@ -138,7 +139,11 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     cmd = launch_command(plan, arm, workdir, run_id, launch)
     limit = plan.arms.timeout_s(plan.schedule.updates)
     print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan)))
+    from gradshare import outbox
+
+    # the workers keep their records where this step looks for them (`gradshare.outbox`)
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan),
+                                          **{outbox.ENV: str(outbox.root())}))
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -295,25 +300,41 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
         try:
             _launch_workers(plan, arm, workdir, run.info.run_id, launch)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
-            steps = [m.step for m in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
             raise KeyboardInterrupt(f"{exc or 'stopped by the user (interrupt)'}; last completed update "
-                                    f"{max(steps, default=0)} of {plan.schedule.updates}") from None
+                                    f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         summary = json.loads((workdir / "summary.json").read_text())
-        mlflow.log_metrics(summary["metrics"])
-        mlflow.log_text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
-        mlflow.set_tag("gradshare.schedule_sha256", sha256_text("\n".join(summary["update_sha256"])))
+        # Through the run's outbox, as the workers' records went: with the server gone, the
+        # summary and the checkpoint wait on local disk beside the updates' metrics.
+        box = Outbox(run.info.run_id, plan.arms.tracking_grace_s)
+        box.metrics(summary["metrics"])
+        box.text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
+        box.tags({"gradshare.schedule_sha256": sha256_text("\n".join(summary["update_sha256"]))})
         before = metering.host_counters()
-        mlflow.log_artifacts(str(workdir / "checkpoint"), "checkpoint")
+        box.artifacts(workdir / "checkpoint", "checkpoint")
         # The checkpoint's transfer to the artifact store is wire traffic of the arm too (a
         # loopback copy here, 3.4 GB to S3 on the study's hosts): its own line.
         moved = metering.delta(before, metering.host_counters())
-        mlflow.log_metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
-                            M.loopback_bytes("upload"): moved["lo_tx"]})
-        mlflow.set_tag(T.CKPT_SHA, summary["checkpoint_sha256"])
-        mlflow.log_dict({"hosts": summary["hosts"], "losses": summary["losses"]}, "train_summary.json")
+        box.metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
+                     M.loopback_bytes("upload"): moved["lo_tx"]})
+        box.tags({T.CKPT_SHA: summary["checkpoint_sha256"]})
+        box.text(json.dumps({"hosts": summary["hosts"], "losses": summary["losses"]}, indent=2),
+                 "train_summary.json")
+        box.wait(f"after all {plan.schedule.updates} updates")  # the server's last chance within the grace
         return summary
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _last_update(run_id: str) -> int:
+    """The arm's last update with logged metrics: from the server, or, where it does not answer,
+    from the run's outbox journal."""
+    from gradshare import outbox
+
+    try:
+        with outbox.fast_fail():
+            return max((m.step for m in T.client().get_metric_history(run_id, M.STEP_S)), default=0)
+    except Exception:  # noqa: BLE001 - the journal holds every update's metrics too
+        return Outbox(run_id, 0).last_step(M.STEP_S)
 
 
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:

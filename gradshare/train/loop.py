@@ -139,7 +139,11 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
 
 
 class LimitStop(RuntimeError):
-    """The study's deadline or budget stopped the arm after a whole update (`gradshare.limits`)."""
+    """The study's deadline or budget (`gradshare.limits`), or a tracking server gone past its
+    grace time (`gradshare.outbox`), stopped the arm after a whole update."""
+
+
+STOP_KINDS = (None, "deadline", "budget", "tracking")  # the all-reduced stop code is the index
 
 
 def _cross_zone_bytes(wire: dict) -> float:
@@ -150,7 +154,8 @@ def _cross_zone_bytes(wire: dict) -> float:
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
           device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
           full_state: FullState | None = None) -> LoopResult:
-    """Run every update of the schedule; `on_step(update, metrics)` is called on rank 0.
+    """Run every update of the schedule; `on_step(update, metrics, docs_sha)` is called on rank 0
+    and may return a reason to stop after this update (`tracking: ...`), which every rank follows.
 
     `limits` (`gradshare.limits.Limits`, rank 0's; None: no limits): after every update rank 0
     decides whether the next one may start, and every rank follows (one small all-reduce),
@@ -275,7 +280,8 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 stop = limits.check(u, now, slowest, cross, next_cross_bytes=cross - last_cross)
                 last_cross = cross
             if on_step:
-                on_step(u, metrics, update_sha256(update_docs))
+                why = on_step(u, metrics, update_sha256(update_docs))
+                stop = stop or (("tracking", why) if why else None)
             elapsed = time.perf_counter() - t_start
             eta = elapsed / (u - first + 1) * (len(schedule["updates"]) - u)
             log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
@@ -283,13 +289,13 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
         if full_state and full_state.every and u % full_state.every == 0 and u < len(schedule["updates"]):
             _save_full_state(full_state, u, arm, model, opt, psgd_state, res, rank, world)
-        code = {None: 0, "deadline": 1, "budget": 2}[stop[0] if stop else None]
+        code = STOP_KINDS.index(stop[0] if stop else None)
         if world > 1:  # every rank stops together, or none does
             flag = torch.tensor([float(code)], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             code = int(flag.item())
         if code:
-            kind = {1: "deadline", 2: "budget"}[code]
+            kind = STOP_KINDS[code]
             raise LimitStop(stop[1] if stop else f"{kind}: stopped together with rank 0 after update {u}")
     res.hook_passes = psgd_state.iter if psgd_state is not None else None
     return res

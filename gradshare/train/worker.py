@@ -7,7 +7,8 @@
 
 `W` holds the verified train inputs (plan.json, schedule.json, data/, tokenizer/,
 seed_model/). Only rank 0 talks to MLflow (run `R`); the other ranks send what must
-be logged (their host's wire bytes) to rank 0 through the process group. Any rank
+be logged (their host's wire bytes) to rank 0 through the process group; rank 0 records
+through the run's outbox (`gradshare.outbox`), so a lost server stalls no update. Any rank
 that fails writes `failure.rank<N>.txt` in `W` for the driver to report.
 """
 from __future__ import annotations
@@ -72,26 +73,29 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     schedule = json.loads((workdir / "schedule.json").read_text())
     docs = _load_docs(workdir)
 
-    client = None
+    box = None  # rank 0's records, through the outbox: a lost server stalls no update
     if rank == 0 and run_id:
-        import mlflow
-        from mlflow.entities import Metric
+        from gradshare.outbox import Outbox, ServerLost
 
-        client = mlflow.MlflowClient()
+        box = Outbox(run_id, plan.arms.tracking_grace_s, background=True)
 
     seen = []  # per-update hash of the document ids actually trained on, equal across arms
 
-    def on_step(u: int, metrics: dict, docs_sha: str) -> None:
+    def on_step(u: int, metrics: dict, docs_sha: str) -> str | None:
         seen.append(docs_sha)
-        if client is not None:
-            now = int(time.time() * 1000)
-            client.log_batch(run_id, metrics=[Metric(k, float(v), now, u) for k, v in metrics.items()])
+        if box is not None:
+            box.metrics(metrics, step=u)
+            try:
+                box.check_grace(f"after update {u} of {plan.schedule.updates}")
+            except ServerLost as exc:
+                return str(exc)  # every rank stops after this update
+        return None
 
     log = print if rank == 0 else (lambda *a, **k: None)
     from gradshare.limits import Limits
 
     limits = Limits.read(workdir) if rank == 0 else None  # rank 0 decides; the others follow it
-    full = _full_state(workdir, world, rank, client, run_id, log)
+    full = _full_state(workdir, world, rank, box, log)
     if full.resume:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
     res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full)
@@ -115,15 +119,16 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         for line in phase_lines(wire, after_ckpt):
             log(f"[{arm}] {line}")
         log(f"[{arm}] torch threads per rank: {threads}")
-        if client is not None:
-            client.log_param(run_id, "torch_threads_per_rank", ",".join(map(str, threads)))
+        if box is not None:
+            box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
+            box.close()  # what is not sent by now waits in the journal for the driver
         (workdir / "summary.json").write_text(json.dumps({
             "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
             "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}, indent=1))
     accelerator.wait_for_everyone()
 
 
-def _full_state(workdir: Path, world: int, rank: int, client, run_id: str | None, log):
+def _full_state(workdir: Path, world: int, rank: int, box, log):
     """The arm's full-state settings (`fullstate.json` from the driver) and, to resume, the
     state the driver verified into `resume/` (verified again here: nothing unchecked loads)."""
     from gradshare import metrics as M
@@ -136,15 +141,15 @@ def _full_state(workdir: Path, world: int, rank: int, client, run_id: str | None
     def on_saved(path: Path, manifest: dict) -> None:
         log(f"[gradshare] full state after update {manifest['update']}: {manifest['bytes']:,} bytes in "
             f"{manifest['save_s']:.2f}s")
-        if client is not None:
+        if box is not None:
             # the manifest last: a store that holds it holds every file it names
             for f in sorted(path.iterdir(), key=lambda f: f.name == fullstate.MANIFEST):
-                client.log_artifact(run_id, str(f), f"full_state/{path.name}")
-            client.log_metric(run_id, M.FULL_STATE_BYTES, manifest["bytes"], step=manifest["update"])
-            client.log_metric(run_id, M.FULL_STATE_SAVE_S, manifest["save_s"], step=manifest["update"])
+                box.artifacts(f, f"full_state/{path.name}")
+            box.metrics({M.FULL_STATE_BYTES: manifest["bytes"], M.FULL_STATE_SAVE_S: manifest["save_s"]},
+                        step=manifest["update"])
 
-    if resume and client is not None:
-        client.log_metric(run_id, M.FULL_STATE_LOAD_S, resume["load_s"], step=resume["loop"]["update"])
+    if resume and box is not None:
+        box.metrics({M.FULL_STATE_LOAD_S: resume["load_s"]}, step=resume["loop"]["update"])
     return FullState(every=int(cfg.get("every", 0)), root=workdir / "full_state",
                      on_saved=on_saved if rank == 0 else None, resume=resume)
 
