@@ -5,7 +5,8 @@
 
 Any plan field can be overridden as `-P concern.field=value` (see gradshare/plan.py).
 A second prepare of the same study refuses; `-P new_study=true` archives the old
-study's experiment (renamed, nothing deleted) and starts a new one.
+study's experiment (renamed, nothing deleted) and starts a new one. A `model.source` no
+step could load (`gradshare.model.check_model_source`) is refused before any run.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main(argv=None) -> None:
     from gradshare import tracking as T
     from gradshare.plan import load_plan
 
+    _refuse_before_any_run(ap, args, overrides)
     T.setup(args.study)
     if truthy(args.new_study):
         archived = P.archive_existing_study(args.study)
@@ -53,6 +55,26 @@ def main(argv=None) -> None:
             shutil.rmtree(inputs, ignore_errors=True)
         print(f"[gradshare] prepared study {args.study!r}: plan_sha256 {plan.sha256()}, "
               f"run {run.info.run_id}")
+
+
+def _refuse_before_any_run(ap, args, overrides: dict) -> None:
+    """Before anything is stored or archived: a model no step could load is refused (as the
+    `mlflow run` plugin refuses it), and so is an impossible plan where --new-study would
+    otherwise archive the study it replaces for nothing. Without --new-study an impossible
+    plan fails its prepare run, with the reason, as ever."""
+    from gradshare.model import check_model_source
+    from gradshare.plan import PlanError, load_plan
+
+    try:
+        plan = load_plan(args.profile, overrides)
+    except PlanError as exc:
+        if truthy(args.new_study):
+            ap.error(" ".join(str(exc).split()))
+        return
+    try:
+        check_model_source(plan)
+    except PlanError as exc:
+        ap.error(" ".join(str(exc).split()))
 
 
 def _priced(plan, overrides: dict):

@@ -8,7 +8,8 @@ commit, score and analyze; prints the verdicts and the command that opens the
 MLflow UI on the study. `--hosts` (`-P hosts=`): `auto` (default) runs the two-process
 arms across two emulated hosts joined by the plan's shaped link where this machine
 allows it (root, `ip`, `tc`) and over loopback otherwise, saying so; `emulated` refuses
-instead of falling back; `loopback` never emulates.
+instead of falling back; `loopback` never emulates. An impossible plan or a model no step
+could load (`gradshare.model.check_model_source`) is refused before anything is stored.
 """
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def main(argv=None) -> None:
     args, overrides = parse(ap, argv)
 
     from gradshare import tracking as T
+    from gradshare.model import check_model_source
+    from gradshare.plan import PlanError, load_plan
     from gradshare.study import run_study, ui_hint
 
-    from gradshare.plan import load_plan
-
+    try:  # before anything is stored or an earlier study archived: a plan or model that cannot run
+        plan = load_plan(args.profile, overrides)
+        check_model_source(plan)
+    except PlanError as exc:
+        ap.error(" ".join(str(exc).split()))
     T.setup(args.study)
     launcher = os.environ.get("MLFLOW_RUN_ID")  # the run `mlflow run -e study` made: label it
     tag = (lambda k, v: T.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
@@ -40,7 +46,7 @@ def main(argv=None) -> None:
         tag(key, value)
     t0 = time.perf_counter()
     try:
-        tag(T.PLAN_SHA, load_plan(args.profile, overrides).sha256())
+        tag(T.PLAN_SHA, plan.sha256())
         timings = run_study(args.study, args.profile, truthy(args.new_study), overrides, args.hosts)
     except BaseException as exc:  # an interrupt too: the study's run says why it ended
         text = str(exc)

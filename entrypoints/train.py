@@ -12,6 +12,9 @@
     mlflow run . -e train --env-manager local -P arm=powersgd -P resume_from=<run id>
 
 The arm's processes are started with `accelerate launch` (gloo on CPU, NCCL on GPU).
+Launch parameters that cannot work (`gradshare.train.launch`: a machine_rank outside
+0..num_machines-1, a port outside 0..65535, a negative full_state_every) are refused
+before any run, naming the parameter and the values it may take.
 A run that cannot start, diverges or is stopped ends FAILED with gradshare.failure_reason.
 A resume is checked first (the run is a stopped attempt of the arm, the study is not
 committed, its newest full state is complete and every byte matches its manifest); a
@@ -36,6 +39,11 @@ def main(argv=None) -> None:
     ap.add_argument("--full-state-every", type=int, default=0, help="full-state checkpoint every N updates")
     ap.add_argument("--resume-from", default="", help="run id of a stopped attempt of this arm")
     args, _ = parse(ap, argv, overrides_allowed=False)
+    from gradshare.train.launch import launch_problem
+
+    if problem := launch_problem(vars(args)):  # before any run: a bad launch is refused, not attempted
+        name, text = problem
+        ap.error(f"argument --{name.replace('_', '-')}: {text}")
 
     from gradshare import metrics as M
     from gradshare import tracking as T

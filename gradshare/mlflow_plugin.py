@@ -10,6 +10,8 @@ left behind, what would otherwise leave a run RUNNING or FAILED for nothing:
     mlflow run . -e train -P arm=dense          # no conda here: one line, add --env-manager local
     mlflow run . -e train --env-manager local -P arm=dense2   # one line naming the arms
     mlflow run . -e prepare --env-manager local -P schedule.updatez=3   # one line: unknown field
+    mlflow run . -e train --env-manager local -P arm=dense -P machine_rank=1   # one line: 0..0
+    mlflow run . -e prepare --env-manager local -P model.source=hf:/no/such/dir   # one line: the forms
 
 and it archives an earlier study first where `-P new_study=true` asks for it, so that
 the launcher run is born in the new study's experiment. Any other `mlflow` command, or a
@@ -17,6 +19,7 @@ run of another project, is left to MLflow's own default.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import sys
@@ -56,30 +59,55 @@ def _refuse(line: str) -> None:
     raise SystemExit(2)  # not an Exception: MLflow's provider loop must not swallow it
 
 
-def _check(params: dict, values: dict[str, str]) -> None:
-    from gradshare.plan import ARM_KINDS
+def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> None:
+    """Refuse the command line before MLflow makes a run. `values`: the `-P` parameters as
+    given; `declared`: the entry point's parameters in the MLproject, with their defaults."""
+    from gradshare.plan import ARM_KINDS, PlanError
 
     manager = params.get("env_manager")
     if manager in (None, "conda") and shutil.which("conda") is None and not (
             os.environ.get("MLFLOW_CONDA_HOME") or os.environ.get("CONDA_EXE")):
         _refuse("`mlflow run` without --env-manager uses conda (conda.yaml), which this machine "
                 "does not have: add --env-manager local")
+    entry = params.get("entry_point") or "main"
+    takes_plan = entry in ("prepare", "study")  # the steps that fix the plan
+    for key, value in values.items():  # MLflow would pass these on as `--key value`: the step refuses them
+        if key in declared:
+            continue
+        if "." not in key:
+            from gradshare.plan import plan_keys
+
+            near = [k for k in plan_keys() if takes_plan and k.split(".", 1)[1] == key] or \
+                difflib.get_close_matches(key, declared, n=1)
+            hint = f"did you mean {' or '.join(repr(k) for k in near)}? " if near else ""
+            _refuse(f"-P {key}={value} is not a parameter of -e {entry}: {hint}it takes "
+                    f"{', '.join(declared)}" + (", and plan fields as concern.field" if takes_plan else ""))
+        if not takes_plan:
+            _refuse(f"-P {key}={value} is a plan field, and -e {entry} takes its plan from the prepare "
+                    f"run: plan fields are set at -e prepare or -e study")
     arm = values.get("arm")
-    entry = params.get("entry_point")
     if entry == "train" and arm is not None and arm not in ARM_KINDS:
         _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")
+    if entry == "train":
+        from gradshare.train.launch import launch_problem
+
+        if problem := launch_problem({**declared, **values}):
+            _refuse(f"-P {problem[1]}")
     hosts = values.get("hosts")
     if entry == "study" and hosts is not None:
         from gradshare.emulated import MODES
 
         if hosts not in MODES:
             _refuse(f"-P hosts={hosts} is not a choice: choose one of {', '.join(MODES)}")
-    if entry in ("prepare", "study"):  # the steps that fix the plan: refuse a plan that cannot be
-        from gradshare.plan import PlanError, load_plan
+    if takes_plan:  # refuse a plan that cannot be run, or a model no step could load
+        from gradshare.model import check_model_source
+        from gradshare.plan import load_plan
 
         overrides = {k: v for k, v in values.items() if "." in k}
         try:
-            load_plan(values.get("profile", "tiny"), overrides)
+            plan = load_plan(values.get("profile", declared.get("profile", "tiny")), overrides)
+            # a relative hf: path is read where the steps run: the project's directory
+            check_model_source(plan, base=params.get("uri"))
         except PlanError as exc:
             _refuse(" ".join(str(exc).split()))
 
@@ -106,9 +134,9 @@ class StudyExperimentProvider(DefaultExperimentProvider):
 
         params = _mlflow_run_params()
         values = dict(p.split("=", 1) for p in params.get("param_list") or () if "=" in p)
-        _check(params, values)
         entry = load_project(params["uri"]).get_entry_point(params.get("entry_point") or "main")
         defaults = {name: p.default for name, p in entry.parameters.items()}
+        _check(params, values, defaults)
         study = values.get("study") or defaults.get("study")
         if str(values.get("new_study", "")).lower() in ("1", "true", "yes"):
             archived = archive_existing_study(study)

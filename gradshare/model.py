@@ -47,6 +47,72 @@ def load_model(path: str | Path, dtype=torch.float32):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
 
 
+# The forms `model.source` may take; every refusal of `check_model_source` ends with them.
+SOURCE_FORMS = ("tiny (built from model.config and pre-trained by prepare), hf:/local/dir (a local Hugging "
+                "Face causal LM: config.json, weights and tokenizer), or random-qwen3-1.7b (random weights "
+                "of model.config's shape, throughput only)")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what `load_tokenizer` reads
+
+
+def check_model_source(plan, base: str | Path | None = None) -> None:
+    """Refuse, before any run, a model the steps could not load: a `model.source` of none of
+    the three forms; an `hf:` path that does not exist, holds no config.json, whose config is
+    not a causal LM (its model type has no AutoModelForCausalLM class, or its `architectures`
+    name none), or that holds no weights or no tokenizer; a `model.config` that is not in
+    gradshare/configs. Raises PlanError naming the field, what is wrong and the allowed forms.
+
+    Local files only (transformers is asked with local_files_only, never the Hub). `base`:
+    the directory a relative `hf:` path is taken from, where the steps will run (default: here).
+    """
+    from gradshare.plan import PlanError
+
+    m = plan.model
+    src = m.source
+
+    def refuse(what: str):
+        raise PlanError(f"model.source={src!r} {what}; model.source is one of: {SOURCE_FORMS}")
+
+    if src == "tiny" or src.startswith("random-"):
+        if not (CONFIG_DIR / m.config).is_file():
+            known = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.json")))
+            raise PlanError(f"model.config={m.config!r} is not a file in gradshare/configs, which "
+                            f"model.source={src} is built from: choose one of {known}")
+        return
+    if not src.startswith("hf:") or not src[3:].strip():
+        refuse("is none of the allowed forms")
+    path = Path(base or ".") / src[3:]  # an absolute path stays itself
+    if not path.exists():
+        refuse(f"names {path}, which does not exist")
+    if not path.is_dir():
+        refuse(f"names {path}, which is not a directory")
+    if not (path / "config.json").is_file():
+        refuse(f"names {path}, which holds no config.json: not a Hugging Face model directory")
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # an unknown model type, broken JSON, remote code: all unloadable
+        refuse(f"names {path}, whose config.json transformers cannot read "
+               f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})")
+    causal = {n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in ((v,) if isinstance(v, str) else v)}
+    archs = list(getattr(cfg, "architectures", None) or [])
+    # Both: BERT's type has a causal-LM class (BertLMHeadModel), but a BERT checkpoint's head
+    # (BertForMaskedLM) is not one; a saved causal LM names its class in `architectures`.
+    if type(cfg) not in AutoModelForCausalLM._model_mapping or not set(archs) & causal:
+        named = f"architectures {archs}" if archs else "no architectures"
+        refuse(f"names {path}, whose config.json describes a {cfg.model_type!r} model with {named}, not "
+               f"a causal LM: its `architectures` must name a class AutoModelForCausalLM loads, such "
+               f"as Qwen3ForCausalLM")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        refuse(f"names {path}, which holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        refuse(f"names {path}, which holds no tokenizer: expected {' or '.join(TOKENIZER_FILES)} "
+               f"(prepare takes the model's own tokenizer)")
+
+
 def seed_model(plan, inputs_dir: str | Path, device: str | torch.device = "cpu"):
     """The study's starting weights (FP32), wherever the plan says they live: the tiny seed
     model prepare made (`inputs_dir/seed_model`), a local HF directory, or a random init
