@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -207,6 +208,7 @@ def end_run(run_id: str, status: str, tags: dict) -> None:
         if tags:
             mlflow.set_tags(tags)
         mlflow.end_run(status)
+        shutil.rmtree(box.dir, ignore_errors=True)  # every record is in the store: nothing to keep
         return
     box.end(status, tags)
     with outbox.fast_fail():

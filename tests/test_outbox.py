@@ -128,6 +128,7 @@ def test_an_arm_keeps_training_while_the_server_hangs_and_every_update_arrives(l
     assert run.info.status == "FINISHED" and T.CKPT_SHA in run.data.tags
     assert [s for s, _ in _history(run_id)] == list(range(1, 17))  # every update once, none twice
     assert len(_history(run_id, M.TRAIN_LOSS)) == 16
+    assert not (tmp_path / "box" / run_id).exists()  # all delivered: the journal is not kept
 
 
 def test_past_the_grace_an_arm_stops_after_a_whole_update_and_upload_delivers_everything(

@@ -1,12 +1,13 @@
 """Full-state checkpoints and exact recovery: an arm killed (SIGKILL to one rank) after its
-full state at update 40, then resumed in its own run, ends with the same final checkpoint
-SHA-256 as an uninterrupted arm; a full state with a flipped byte, a missing rank's file, or
+full state at update 4 ends FAILED naming its last update, with no process left; resumed in
+its own run, it ends with the same final checkpoint SHA-256 as an uninterrupted arm; a full state with a flipped byte, a missing rank's file, or
 no manifest is refused with a message naming the file, and nothing is loaded from it."""
 from __future__ import annotations
 
 import hashlib
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,24 +18,23 @@ from gradshare.train import fullstate
 from tests.conftest import overrides, run_entry
 from tests.two_ranks import run_two_ranks
 
-# 4 x 92 + 16 = 384 documents = 48 updates x 8; full state after update 40, the kill at 41
-LONG = {"data.train_per_family": "92", "schedule.updates": "48"}
+# The suite's small study (8 updates) is the straight one; a second study of the same plan
+# saves a full state after update 4 and has one rank SIGKILLed at the start of update 5.
+SAVED, KILLED_AT, UPDATES = 4, 5, 8
 ARMS = ("single", "dense", "powersgd")
 
 
 @pytest.fixture(scope="module")
-def studies(mlflow_server):
-    """The same plan twice: one study trains every arm straight through, the other kills each
-    arm after its full state at update 40 and resumes it."""
-    run_entry("prepare", "--study", "straight", *overrides(LONG))
-    run_entry("prepare", "--study", "resumed", *overrides(LONG))
+def studies(mlflow_server, trained_study):
+    """The same plan twice: `trained_study` trained every arm straight through, "resumed" kills
+    each arm after its full state at update 4 and resumes it."""
+    run_entry("prepare", "--study", "resumed", *overrides())
     for arm in ARMS:
-        run_entry("train", "--study", "straight", "--arm", arm)
         victim = 0 if arm == "single" else 1
-        killed = run_entry("train", "--study", "resumed", "--arm", arm, "--full-state-every", "40", check=False,
-                           env={"GRADSHARE_INJECT_KILL_AT": f"41:{victim}"})
+        killed = run_entry("train", "--study", "resumed", "--arm", arm, "--full-state-every", str(SAVED),
+                           check=False, env={"GRADSHARE_INJECT_KILL_AT": f"{KILLED_AT}:{victim}"})
         assert killed.returncode != 0
-    return mlflow_server
+    return SimpleNamespace(artifacts=mlflow_server.artifacts, straight=trained_study)
 
 
 def _run(study: str, arm: str):
@@ -44,12 +44,12 @@ def _run(study: str, arm: str):
 
 
 def _stored(mlflow_server, run_id: str, name: str) -> Path:
-    [path] = list(Path(mlflow_server.artifacts).rglob(f"{run_id}/artifacts/full_state/u00040/{name}"))
+    [path] = list(Path(mlflow_server.artifacts).rglob(f"{run_id}/artifacts/full_state/u{SAVED:05d}/{name}"))
     return path
 
 
 def test_the_same_inputs_in_both_studies(studies):
-    a, b = T.search("straight", "prepare")[0], T.search("resumed", "prepare")[0]
+    a, b = T.search(studies.straight, "prepare")[0], T.search("resumed", "prepare")[0]
     assert a.data.tags[T.PLAN_SHA] == b.data.tags[T.PLAN_SHA]
     assert a.data.tags["gradshare.inputs_sha256"] == b.data.tags["gradshare.inputs_sha256"]
 
@@ -70,7 +70,7 @@ def test_a_corrupted_or_incomplete_full_state_is_refused_naming_the_file(studies
         rank1.unlink()  # one rank's error feedback missing
         proc = run_entry("train", "--study", "resumed", "--arm", "powersgd", "--resume-from", run.info.run_id,
                          check=False)
-        assert proc.returncode != 0 and "rank1.pt: missing from the full state of update 40" in proc.stderr
+        assert proc.returncode != 0 and f"rank1.pt: missing from the full state of update {SAVED}" in proc.stderr
     finally:
         rank1.write_bytes(good)
     # the stopped run is untouched by the refused resumes: still FAILED, still resumable
@@ -79,21 +79,42 @@ def test_a_corrupted_or_incomplete_full_state_is_refused_naming_the_file(studies
     assert len(refusals) == 2
 
 
+def test_a_killed_rank_ends_the_arm_failed_with_its_last_update_and_no_process_left(studies):
+    """The other rank (or the launcher, for one process) sees the peer gone and exits: the arm
+    ends well within the plan's process-group timeout, its reason naming the last update."""
+    import psutil
+
+    from gradshare import store
+
+    _, plan = store.prepared_plan("resumed")
+    for arm in ARMS:
+        run = _run("resumed", arm)
+        assert run.info.status == "FAILED"
+        reason = run.data.tags[T.FAILURE]
+        assert reason.endswith(f"; last completed update {SAVED} of {UPDATES}"), reason
+        # from the last logged update to the run's end: the survivors' exit, the launcher's wait
+        last = max(m.timestamp for m in T.client().get_metric_history(run.info.run_id, M.STEP_S))
+        took_s = (run.info.end_time - last) / 1000
+        assert 0 < took_s < plan.arms.timeout_s(UPDATES), (arm, took_s)
+        left = [p for p in psutil.process_iter(["cmdline"]) if run.info.run_id in " ".join(p.info["cmdline"] or [])]
+        assert not left, [p.info["cmdline"] for p in left]
+
+
 @pytest.mark.parametrize("arm", ARMS)
 def test_a_killed_arm_resumed_from_its_full_state_ends_byte_identical(studies, arm):
     run = _run("resumed", arm)
     assert run.info.status == "FAILED"
     steps = [m.step for m in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
-    assert max(steps) == 40  # killed at the start of update 41
+    assert max(steps) == SAVED  # killed at the start of the next update
     run_entry("train", "--study", "resumed", "--arm", arm, "--resume-from", run.info.run_id)
     after = T.client().get_run(run.info.run_id)
-    straight = _run("straight", arm)
+    straight = _run(studies.straight, arm)
     assert after.info.status == "FINISHED" and straight.info.status == "FINISHED"
     assert after.data.tags[T.CKPT_SHA] == straight.data.tags[T.CKPT_SHA]
-    assert after.data.tags["gradshare.resumed_from_update"] == "40"
-    # one run per attempt: updates 1-40 from before the kill, 41-48 after the resume, once each
+    assert after.data.tags["gradshare.resumed_from_update"] == str(SAVED)
+    # one run per attempt: updates 1-4 from before the kill, 5-8 after the resume, once each
     steps = sorted(m.step for m in T.client().get_metric_history(run.info.run_id, M.STEP_S))
-    assert steps == list(range(1, 49))
+    assert steps == list(range(1, UPDATES + 1))
     losses = [m.value for m in sorted(T.client().get_metric_history(run.info.run_id, M.TRAIN_LOSS), key=lambda m: m.step)]
     straight_losses = [m.value for m in sorted(T.client().get_metric_history(straight.info.run_id, M.TRAIN_LOSS),
                                                key=lambda m: m.step)]
@@ -113,12 +134,12 @@ def test_the_commitment_and_the_report_say_which_arms_were_resumed(studies):
     for entry in commitment["arms"]:
         assert entry["status"] == "FINISHED"
         [attempt] = entry["attempts"]
-        assert attempt["resumed_after_updates"] == [40] and attempt["full_state_bytes"] > 0
+        assert attempt["resumed_after_updates"] == [SAVED] and attempt["full_state_bytes"] > 0
     from analysis.analyze import analyze
 
     _, out = analyze("resumed")
     md = (out / "report.md").read_text()
-    assert md.count("resumed after update 40; full state") == 3
+    assert md.count(f"resumed after update {SAVED}; full state") == 3
 
 
 # --- the format itself -------------------------------------------------------------------

@@ -159,9 +159,11 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
             stop_tree(proc.pid)
     if rc != 0:
         reasons = [p.read_text().strip() for p in sorted(workdir.glob("failure.rank*.txt"))]
-        raise T.StudyError(reasons[0] if reasons else
-                           f"arm {arm}: a worker process exited with code {rc} and left no reason; "
-                           f"see the run's log")
+        reason = (reasons[0] if reasons else
+                  f"arm {arm}: a worker process exited with code {rc} and left no reason; see the run's log")
+        if run_id and not reason.startswith(("deadline:", "budget:", "tracking:")):  # those say it already
+            reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
+        raise T.StudyError(reason)
 
 
 def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
