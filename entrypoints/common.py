@@ -43,6 +43,13 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
           ) -> tuple[argparse.Namespace, dict[str, str]]:
     """Known flags, and the rest as plan overrides (refused where the plan is already fixed)."""
     args, rest = parser.parse_known_args(argv)
+    if getattr(args, "study", None) is not None:
+        from gradshare.tracking import StudyError, check_study_name
+
+        try:
+            check_study_name(args.study)
+        except StudyError as exc:
+            parser.error(str(exc))
     if rest and not overrides_allowed:
         parser.error(f"unexpected {' '.join(rest)}: this step takes its plan from the prepare run; "
                      "plan overrides belong to prepare")

@@ -85,6 +85,13 @@ def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> No
         if not takes_plan:
             _refuse(f"-P {key}={value} is a plan field, and -e {entry} takes its plan from the prepare "
                     f"run: plan fields are set at -e prepare or -e study")
+    if "study" in values:
+        from gradshare.tracking import StudyError, check_study_name
+
+        try:
+            check_study_name(values["study"])
+        except StudyError as exc:
+            _refuse(f"-P study: {exc}")
     arm = values.get("arm")
     if entry == "train" and arm is not None and arm not in ARM_KINDS:
         _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")

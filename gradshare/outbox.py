@@ -116,12 +116,18 @@ class Outbox:
         self._add({"kind": "tags", "values": {k: str(v) for k, v in values.items()}})
 
     def text(self, text: str, artifact_file: str) -> None:
-        self._add({"kind": "text", "text": text, "artifact_file": artifact_file})
+        from gradshare.tracking import safe_artifact_path
+
+        self._add({"kind": "text", "text": text, "artifact_file": safe_artifact_path(artifact_file)})
 
     def artifacts(self, local: str | Path, artifact_path: str | None = None) -> None:
         """A file or directory. Sent from where it is when nothing waits before it; otherwise
         copied beside the journal first (the arm's working directory does not outlive it)."""
+        from gradshare.tracking import safe_artifact_path
+
         local = Path(local)
+        if artifact_path is not None:
+            safe_artifact_path(artifact_path)
         rec = {"kind": "artifacts", "local": str(local), "artifact_path": artifact_path}
         with self._send_lock:  # nothing else is sent meanwhile: the order holds
             if not self.pending():

@@ -51,6 +51,8 @@ def verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Pat
     def chosen(path: str) -> bool:
         return any(path == w or path.startswith(w + "/") for w in wanted)
 
+    for e in manifest["files"]:  # every name it gives stays inside the inputs, chosen or not
+        T.safe_artifact_path(e["path"])
     entries = {e["path"]: e for e in manifest["files"] if chosen(e["path"])}
     root = workdir / "inputs"
     for w in wanted:  # seed_model/ exists only where prepare built the seed model
@@ -94,7 +96,7 @@ def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
     for entry in commitment["arms"]:
         if entry["status"] != "FINISHED":
             continue
-        path = T.download(entry["run_id"], "checkpoint", root / entry["arm"])
+        path = T.download(entry["run_id"], "checkpoint", root / T.safe_artifact_path(entry["arm"]))
         got = tree_sha256(file_entries(path))
         if got != entry["checkpoint_sha256"]:
             raise T.StudyError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -64,12 +65,37 @@ def check_reachable(uri: str) -> None:
                          f"start it (`gradshare server`) or point MLFLOW_TRACKING_URI at one; nothing was done") from None
 
 
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+
+
+def check_study_name(study: str) -> None:
+    """A study's name names its experiment and local files (`guard-<study>.log`): letters,
+    digits and `._@-` only, so that no name reaches outside the directory it is put in."""
+    if not study or not study.strip():
+        raise StudyError("the study name is empty: pass -P study=NAME")
+    if not STUDY_NAME.fullmatch(study):
+        raise StudyError(f"study name {study!r} is not allowed: use 1-128 letters, digits, '.', '_', '@' or "
+                         f"'-', starting with a letter or digit (no '/', no '..', no spaces)")
+
+
+def safe_artifact_path(path: str) -> str:
+    """`path` as an artifact path inside a run's artifact directory, or a StudyError: no
+    absolute path, no `..` part, no backslash or NUL (a name made from input, a manifest or a
+    journal never reaches outside the run, in the store or in a local download)."""
+    text = str(path)
+    parts = text.split("/")
+    if (not text or text.startswith("/") or "\\" in text or "\0" in text or ":" in parts[0]
+            or any(p in ("", ".", "..") for p in parts)):
+        raise StudyError(f"artifact path {text!r} is not allowed: relative, '/'-separated names only, "
+                         f"without '..', '.', empty parts, backslashes or NUL")
+    return text
+
+
 def setup(study: str):
     """Point MLflow at the store and the study's experiment; returns the experiment id."""
     import mlflow
 
-    if not study or not study.strip():
-        raise StudyError("the study name is empty: pass -P study=NAME")
+    check_study_name(study)
     os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
@@ -130,12 +156,18 @@ def is_committed(study: str) -> bool:
 
 
 def download(run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
+    """The run's artifact `artifact_path` under `dst` (a new temporary directory by default);
+    a path that would land outside `dst` is refused before anything is fetched."""
     import mlflow
 
+    safe_artifact_path(artifact_path)
     dst = Path(dst or tempfile.mkdtemp(prefix="gradshare-"))
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                    dst_path=str(dst)))
+    got = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                   dst_path=str(dst)))
+    if not got.resolve().is_relative_to(dst.resolve()):
+        raise StudyError(f"artifact {artifact_path!r} of run {run_id} landed outside {dst}: refused")
+    return got
 
 
 def study_tags(study: str, step: str, plan_sha: str, arm: str | None = None) -> dict:

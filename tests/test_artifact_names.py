@@ -1,0 +1,97 @@
+"""Names made from input never reach outside the run's artifact directory, in the store or on
+local disk: a study name, an arm named in a commitment, a manifest's file path, an artifact
+path in an outbox journal. Each is refused, naming it, before anything is read or written."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from gradshare import outbox, store
+from gradshare import tracking as T
+from tests.conftest import REPO
+
+ESCAPES = ["../outside", "/etc/passwd", "a/../../outside", "a\\..\\outside", "", "a\x00b", "./a", "a//b"]
+
+
+@pytest.mark.parametrize("name", ESCAPES)
+def test_an_artifact_path_that_could_leave_the_run_is_refused(name):
+    with pytest.raises(T.StudyError, match="is not allowed"):
+        T.safe_artifact_path(name)
+
+
+@pytest.mark.parametrize("name", ["checkpoint", "full_state/u00004", "per_case/test.jsonl", "inputs/seed_model"])
+def test_the_studys_own_artifact_paths_pass(name):
+    assert T.safe_artifact_path(name) == name
+
+
+@pytest.mark.parametrize("study", ["../../tmp/evil", "a/b", "with space", ".hidden", "x" * 200])
+def test_a_study_name_that_could_name_a_path_is_refused_before_any_run(mlflow_server, study):
+    before = {r.info.run_id for r in mlflow.search_runs(search_all_experiments=True, output_format="list")}
+    proc = subprocess.run([sys.executable, "-m", "entrypoints.prepare", "--study", study], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode != 0 and "is not allowed: use 1-128 letters, digits" in proc.stderr, proc.stderr[-2000:]
+    after = {r.info.run_id for r in mlflow.search_runs(search_all_experiments=True, output_format="list")}
+    assert after == before and mlflow.get_experiment_by_name(study) is None
+
+
+def test_a_download_outside_its_directory_is_refused_and_writes_nothing(mlflow_server, tmp_path):
+    run = T.client().create_run(mlflow.set_experiment("artifact-names").experiment_id)
+    T.client().log_text(run.info.run_id, "inside", "notes/inside.txt")
+    dst = tmp_path / "a" / "b"
+    with pytest.raises(T.StudyError, match="'../../notes' is not allowed"):
+        T.download(run.info.run_id, "../../notes", dst)
+    assert not dst.exists() and sorted(p.name for p in tmp_path.rglob("*")) == []
+    assert T.download(run.info.run_id, "notes/inside.txt", dst).read_text() == "inside"
+
+
+def test_a_commitment_naming_an_arm_outside_the_download_root_is_refused(tmp_path):
+    commitment = {"arms": [{"arm": "../../outside", "status": "FINISHED", "run_id": "0" * 32,
+                            "checkpoint_sha256": "0" * 64}]}
+    with pytest.raises(T.StudyError, match="'../../outside' is not allowed"):
+        store.verified_checkpoints(commitment, tmp_path / "root")
+    assert not (tmp_path / "outside").exists()
+
+
+def test_an_outbox_record_that_would_leave_the_run_is_refused_and_not_journaled(tmp_path):
+    box = outbox.Outbox("0" * 32, grace_s=60, directory=tmp_path)
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(T.StudyError):
+        box.artifacts(f, "../../elsewhere")
+    with pytest.raises(T.StudyError):
+        box.text("x", "/etc/cron.d/job")
+    assert box.pending() == 0 and not (tmp_path / ("0" * 32) / outbox.JOURNAL).exists()
+
+
+def test_a_manifest_path_that_leaves_the_inputs_is_refused(mlflow_server, tmp_path):
+    """A prepare run whose manifest (hashes and all consistent) names `../../x`: the train
+    inputs are refused before any file is fetched or read."""
+    from gradshare.hashing import tree_sha256
+    from gradshare.plan import load_plan
+
+    plan = load_plan("tiny")
+    files = [{"path": "tokenizer/../../../outside", "bytes": 1, "sha256": "0" * 64}]
+    manifest = {"plan_sha256": plan.sha256(), "files": files, "inputs_sha256": tree_sha256(files),
+                "seed_model": {"kind": "tiny-pretrained"}}
+    exp = mlflow.set_experiment("artifact-names-manifest")
+    run = T.client().create_run(exp.experiment_id, tags={"gradshare.inputs_sha256": manifest["inputs_sha256"]})
+    T.client().log_text(run.info.run_id, json.dumps(manifest), "inputs/manifest.json")
+    with pytest.raises(T.StudyError, match="'tokenizer/../../../outside' is not allowed"):
+        store.verified_inputs(T.client().get_run(run.info.run_id), plan, tmp_path / "work")
+    assert not (tmp_path / "outside").exists()
+
+
+def test_through_mlflow_run_a_path_like_study_name_is_refused_before_mlflow_makes_a_run(mlflow_server):
+    from tests.test_newcomer import _mlflow_run
+
+    before = {r.info.run_id for r in mlflow.search_runs(search_all_experiments=True, output_format="list")}
+    proc = _mlflow_run("-e", "prepare", "--env-manager", "local", "-P", "study=../../tmp/evil")
+    assert proc.returncode != 0
+    [line] = [line for line in proc.stderr.splitlines() if line.startswith("gradshare:")]
+    assert "-P study: study name '../../tmp/evil' is not allowed" in line
+    assert {r.info.run_id for r in mlflow.search_runs(search_all_experiments=True, output_format="list")} == before
