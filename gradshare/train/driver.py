@@ -302,7 +302,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
         try:
             _launch_workers(plan, arm, workdir, run.info.run_id, launch)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
-            raise KeyboardInterrupt(f"{exc or 'stopped by the user (interrupt)'}; last completed update "
+            raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
                                     f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         summary = json.loads((workdir / "summary.json").read_text())
         # Through the run's outbox, as the workers' records went: with the server gone, the
