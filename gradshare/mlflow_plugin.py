@@ -35,10 +35,15 @@ def _mlflow_run_params() -> dict | None:
     argv = sys.argv
     if len(argv) < 2 or argv[1] != "run" or "mlflow" not in Path(argv[0]).as_posix():
         return None
+    return _run_params(argv[2:])
+
+
+def _run_params(args: list[str]) -> dict | None:
+    """`mlflow run ARGS` parsed as MLflow parses it, if ARGS name this project."""
     import mlflow.cli
 
     try:
-        params = mlflow.cli.run.make_context("run", list(argv[2:]), resilient_parsing=True).params
+        params = mlflow.cli.run.make_context("run", list(args), resilient_parsing=True).params
     except Exception:  # not a command line MLflow itself would accept: its own error follows
         return None
     uri = params.get("uri") or ""
@@ -54,9 +59,34 @@ def _mlflow_run_params() -> dict | None:
     return params if name == PROJECT_NAME else None
 
 
+class Refused(Exception):
+    """A command line refused before any run; its text is the one line the user sees."""
+
+
 def _refuse(line: str) -> None:
-    print(f"gradshare: {line}; nothing was recorded", file=sys.stderr)
-    raise SystemExit(2)  # not an Exception: MLflow's provider loop must not swallow it
+    raise Refused(f"gradshare: {line}; nothing was recorded")
+
+
+def _values(params: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """The `-P` values as given, and the entry point's declared parameters with their defaults."""
+    from mlflow.projects._project_spec import load_project
+
+    values = dict(p.split("=", 1) for p in params.get("param_list") or () if "=" in p)
+    entry = load_project(params["uri"]).get_entry_point(params.get("entry_point") or "main")
+    return values, {name: p.default for name, p in entry.parameters.items()}
+
+
+def refusal(args: list[str]) -> str | None:
+    """The one line with which `mlflow run ARGS` of this project is refused before MLflow makes
+    any run, or None where it would go ahead (what the plugin decides, without running it)."""
+    params = _run_params(args)
+    if params is None:
+        return None
+    try:
+        _check(params, *_values(params))
+    except Refused as exc:
+        return str(exc)
+    return None
 
 
 def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> None:
@@ -130,19 +160,20 @@ class StudyExperimentProvider(DefaultExperimentProvider):
             return self._experiment_id()
         except SystemExit:
             raise
+        except Refused as exc:
+            refused = str(exc)
         except Exception as exc:
-            _refuse(f"could not place this run in its study's experiment ({type(exc).__name__}: {exc})")
+            refused = (f"gradshare: could not place this run in its study's experiment "
+                       f"({type(exc).__name__}: {exc}); nothing was recorded")
+        print(refused, file=sys.stderr)
+        raise SystemExit(2)  # not an Exception: MLflow's provider loop must not swallow it
 
     def _experiment_id(self) -> str:
-        from mlflow.projects._project_spec import load_project
-
         from gradshare import tracking as T
         from gradshare.prepare import archive_existing_study
 
         params = _mlflow_run_params()
-        values = dict(p.split("=", 1) for p in params.get("param_list") or () if "=" in p)
-        entry = load_project(params["uri"]).get_entry_point(params.get("entry_point") or "main")
-        defaults = {name: p.default for name, p in entry.parameters.items()}
+        values, defaults = _values(params)
         _check(params, values, defaults)
         study = values.get("study") or defaults.get("study")
         if str(values.get("new_study", "")).lower() in ("1", "true", "yes"):

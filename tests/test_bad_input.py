@@ -12,7 +12,8 @@ import pytest
 from gradshare import tracking as T
 from gradshare.model import check_model_source
 from gradshare.plan import load_plan
-from tests.conftest import run_entry
+from gradshare.mlflow_plugin import refusal
+from tests.conftest import REPO, run_entry
 from tests.test_newcomer import _all_runs, _mlflow_run
 
 MODEL_SOURCE_FORMS = ("model.source is one of: tiny", "hf:/local/dir", "random-qwen3-1.7b")
@@ -24,16 +25,25 @@ def _store() -> dict:
             "experiments": {e.experiment_id: e.name for e in T.client().search_experiments()}}
 
 
-def _refused_before_any_run(*args: str) -> str:
-    """`mlflow run . ARGS`, refused with one `gradshare:` line and the store as it was: that line."""
-    before = _store()
-    proc = _mlflow_run(*args)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("gradshare:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert _store() == before
-    assert not [r for r in _all_runs() if r.info.status == "RUNNING"]
-    return lines[0]
+# The cases run as real `mlflow run` commands (about 5 s each); every other case asks the
+# plugin's own decision (`refusal`, the same function, in-process) for its line.
+REAL = {"negative rank", "plan field at train", "prepare-missing directory", "study-BERT config",
+        "threshold not a number", "the same at study"}
+
+
+def _refused_before_any_run(request, *args: str) -> str:
+    """The one `gradshare:` line refusing `mlflow run . ARGS`; for the REAL cases, the command is
+    run and must print that line, exit non-zero and leave the store as it was."""
+    line = refusal([str(REPO), *args])
+    assert line is not None and line.startswith("gradshare:") and line.endswith("nothing was recorded"), line
+    if request.node.callspec.id in REAL:
+        before = _store()
+        proc = _mlflow_run(*args)
+        assert proc.returncode != 0
+        assert [x for x in proc.stderr.splitlines() if x.startswith("gradshare:")] == [line], proc.stderr[-3000:]
+        assert _store() == before
+        assert not [r for r in _all_runs() if r.info.status == "RUNNING"]
+    return line
 
 
 def _train(*params: str) -> list[str]:
@@ -58,8 +68,8 @@ def _train(*params: str) -> list[str]:
 ], ids=["negative rank", "rank past the hosts", "no hosts", "hosts not a number", "negative full-state interval",
         "full-state interval not a number", "port past 65535", "two hosts without a port"])
 def test_a_launch_parameter_that_cannot_work_is_refused_before_any_run_with_its_allowed_values(
-        mlflow_server, params, named, allowed):
-    line = _refused_before_any_run(*_train(*params))
+        mlflow_server, request, params, named, allowed):
+    line = _refused_before_any_run(request, *_train(*params))
     assert line.startswith(f"gradshare: -P {named} ") and allowed in line, line
 
 
@@ -67,8 +77,9 @@ def test_a_launch_parameter_that_cannot_work_is_refused_before_any_run_with_its_
     ("machine-rank=1", "not a parameter of -e train: did you mean 'machine_rank'?"),
     ("schedule.updates=3", "-e train takes its plan from the prepare run: plan fields are set at -e prepare"),
 ], ids=["misspelt launch parameter", "plan field at train"])
-def test_a_parameter_train_does_not_take_is_refused_before_any_run_naming_what_it_takes(mlflow_server, param, said):
-    line = _refused_before_any_run(*_train(param))
+def test_a_parameter_train_does_not_take_is_refused_before_any_run_naming_what_it_takes(mlflow_server, request,
+                                                                                      param, said):
+    line = _refused_before_any_run(request, *_train(param))
     assert f"-P {param}" in line and said in line, line
 
 
@@ -152,17 +163,17 @@ BAD_MODELS = {
 @pytest.mark.parametrize("entry, kind", [("prepare", k) for k in BAD_MODELS] +
                          [("study", "missing directory"), ("study", "BERT config")])
 def test_a_model_no_step_could_load_is_refused_before_any_run_naming_the_allowed_forms(
-        mlflow_server, model_dirs, entry, kind):
+        mlflow_server, request, model_dirs, entry, kind):
     param, wrong = BAD_MODELS[kind]
-    line = _refused_before_any_run("-e", entry, "--env-manager", "local", "-P", "study=bad-model",
+    line = _refused_before_any_run(request, "-e", entry, "--env-manager", "local", "-P", "study=bad-model",
                                    "-P", param(model_dirs))
     assert line.startswith("gradshare: model.source=") and wrong in line, line
     assert all(form in line for form in MODEL_SOURCE_FORMS), line
 
 
 def test_a_model_config_not_among_the_configs_is_refused_before_any_run_naming_them(mlflow_server):
-    line = _refused_before_any_run("-e", "prepare", "--env-manager", "local", "-P", "study=bad-model",
-                                   "-P", "model.config=qwen3_17b.json")
+    line = refusal([str(REPO), "-e", "prepare", "--env-manager", "local", "-P", "study=bad-model",
+                    "-P", "model.config=qwen3_17b.json"])
     assert "model.config='qwen3_17b.json' is not a file in gradshare/configs" in line
     assert "choose one of qwen3_1p7b.json, tiny_qwen3.json" in line
 
@@ -209,6 +220,7 @@ def test_a_new_study_refused_straight_to_its_entry_point_archives_nothing(mlflow
     ("prepare", "updates=3", "-P updates=3 is not a parameter of -e prepare: did you mean 'schedule.updates'?"),
 ], ids=["threshold not a number", "updates break the 4,096 documents", "the same at study", "negative PowerSGD rank",
         "field without its concern"])
-def test_a_plan_value_that_cannot_be_run_is_refused_before_any_run_naming_the_field(mlflow_server, entry, param, said):
-    line = _refused_before_any_run("-e", entry, "--env-manager", "local", "-P", "study=bad-plan", "-P", param)
+def test_a_plan_value_that_cannot_be_run_is_refused_before_any_run_naming_the_field(mlflow_server, request, entry,
+                                                                                   param, said):
+    line = _refused_before_any_run(request, "-e", entry, "--env-manager", "local", "-P", "study=bad-plan", "-P", param)
     assert said in line, line
