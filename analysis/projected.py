@@ -22,7 +22,7 @@ def _clean(rows: list[dict]) -> list[dict]:
 
 def compute(rec) -> dict:
     plan = rec.plan
-    hosts_plan = P._full_shape(plan)
+    hosts_plan = P.full_shape(plan)
     hosts = P.study_hosts(hosts_plan)
     link = hosts.link_mbit
     at_plan = [P.project(hosts, "single", 1, math.inf, hosts_plan.train_docs, hosts_plan.schedule.docs_per_update)]

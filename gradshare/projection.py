@@ -273,7 +273,7 @@ def main(argv=None) -> None:
         rates = _floats(args.rates_mbit) or [measured.link_mbit]
         out["measured"] = {"machine": measured.name, "source": measured.source, "rows": grid(measured, plan, hosts, rates)}
         print(f"## {measured.name} ({measured.source})\n\n" + table(out["measured"]["rows"]) + "\n")
-        plan_for_hosts = _full_shape(plan)
+        plan_for_hosts = full_shape(plan)
     else:
         from gradshare.plan import load_plan
 
@@ -286,7 +286,7 @@ def main(argv=None) -> None:
         Path(args.json).write_text(json.dumps(out, indent=1, default=lambda x: str(x)))
 
 
-def _full_shape(plan):
+def full_shape(plan):
     """The study's hosts' plan for a study of another profile: its infra and powersgd, the
     full profile's model, data and schedule (a tiny study's hosts are the study's too)."""
     from gradshare.plan import load_plan

@@ -135,12 +135,25 @@ def mlflow_run(entry: str, study: str, params: dict, check: bool = True) -> subp
            "--experiment-name", study, "-P", f"study={study}"]
     for k, v in params.items():
         cmd += ["-P", f"{k}={v}"]
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    # the study's experiment comes from --experiment-name alone, whatever a test left in os.environ
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
+    proc = subprocess.run(cmd, cwd=REPO, env={**env, "PYTHONUNBUFFERED": "1"},
                           capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"mlflow run -e {entry} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-5000:]}")
     return proc
+
+
+def experiment_id(name: str) -> str:
+    """The experiment's id, made if needed (not `mlflow.set_experiment`, which would also set
+    MLFLOW_EXPERIMENT_ID in this process's environment for every command a later test starts)."""
+    import mlflow
+
+    from gradshare import tracking as T
+
+    exp = mlflow.get_experiment_by_name(name)
+    return exp.experiment_id if exp else T.client().create_experiment(name)
 
 
 def runs(study: str, step: str, arm: str | None = None):

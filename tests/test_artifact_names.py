@@ -13,9 +13,10 @@ import pytest
 
 from gradshare import outbox, store
 from gradshare import tracking as T
-from tests.conftest import REPO
+from tests.conftest import REPO, experiment_id
 
 ESCAPES = ["../outside", "/etc/passwd", "a/../../outside", "a\\..\\outside", "", "a\x00b", "./a", "a//b"]
+
 
 
 @pytest.mark.parametrize("name", ESCAPES)
@@ -40,7 +41,7 @@ def test_a_study_name_that_could_name_a_path_is_refused_before_any_run(mlflow_se
 
 
 def test_a_download_outside_its_directory_is_refused_and_writes_nothing(mlflow_server, tmp_path):
-    run = T.client().create_run(mlflow.set_experiment("artifact-names").experiment_id)
+    run = T.client().create_run(experiment_id("artifact-names"))
     T.client().log_text(run.info.run_id, "inside", "notes/inside.txt")
     dst = tmp_path / "a" / "b"
     with pytest.raises(T.StudyError, match="'../../notes' is not allowed"):
@@ -78,8 +79,7 @@ def test_a_manifest_path_that_leaves_the_inputs_is_refused(mlflow_server, tmp_pa
     files = [{"path": "tokenizer/../../../outside", "bytes": 1, "sha256": "0" * 64}]
     manifest = {"plan_sha256": plan.sha256(), "files": files, "inputs_sha256": tree_sha256(files),
                 "seed_model": {"kind": "tiny-pretrained"}}
-    exp = mlflow.set_experiment("artifact-names-manifest")
-    run = T.client().create_run(exp.experiment_id, tags={"gradshare.inputs_sha256": manifest["inputs_sha256"]})
+    run = T.client().create_run(experiment_id("artifact-names-manifest"), tags={"gradshare.inputs_sha256": manifest["inputs_sha256"]})
     T.client().log_text(run.info.run_id, json.dumps(manifest), "inputs/manifest.json")
     with pytest.raises(T.StudyError, match="'tokenizer/../../../outside' is not allowed"):
         store.verified_inputs(T.client().get_run(run.info.run_id), plan, tmp_path / "work")

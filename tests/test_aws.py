@@ -81,10 +81,8 @@ def test_the_guard_stops_the_studys_instances_at_a_shortened_deadline(mlflow_ser
     assert FAKE_KEY not in blob and FAKE_SECRET not in blob
 
 
-def test_a_guard_without_instances_refuses_in_one_line(mlflow_server):
-    study = "unguarded-study"
-    run_entry("prepare", "--study", study, *overrides())
-    proc = subprocess.run([sys.executable, "-m", "gradshare.guard", "--study", study, "--now"], cwd=REPO,
+def test_a_guard_without_instances_refuses_in_one_line(prepared_study):
+    proc = subprocess.run([sys.executable, "-m", "gradshare.guard", "--study", prepared_study, "--now"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "names no instances (infra.instance_ids)" in proc.stderr
 
@@ -175,4 +173,9 @@ def test_a_studys_artifacts_round_trip_through_s3_and_the_analysis_reads_them(s3
     finally:
         mlflow.set_tracking_uri(old)
     assert v["arms"]["single"]["status"] == "FINISHED" and v["arms"]["single"]["accuracy"] is not None
-    assert (out / "report.md").read_text().startswith(f"# gradshare report — study `{study}`")
+    report = (out / "report.md").read_text()
+    assert report.startswith(f"# gradshare report — study `{study}`")
+    # `--hosts loopback`: the study says so, and the report's link table and words show it
+    assert "two-process arms: loopback: both ranks on one host, as asked (hosts=loopback)" in proc.stdout
+    assert "| dense | loopback: both ranks on one host, as asked" in report
+    assert "A two-process arm exchanged over loopback" in report

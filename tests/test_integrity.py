@@ -15,7 +15,7 @@ from tests.conftest import REPO, overrides, run_entry
 
 # A tight but honest time limit for the small plan: 60 s of start-up and checkpoint, and
 # 8 updates x 1 s x 2. Small arms take ~15 s on 2 cores.
-TIMED = {"arms.startup_s": "60", "arms.expected_update_s": "1", "arms.timeout_margin": "2"}
+TIMED = {"arms.startup_s": "40", "arms.expected_update_s": "1", "arms.timeout_margin": "2"}
 
 
 def _prepare(study: str, extra: dict | None = None) -> str:

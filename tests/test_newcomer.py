@@ -3,8 +3,6 @@ left RUNNING, bad parameters refused before they leave a trace."""
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -123,7 +121,7 @@ def test_a_young_untagged_run_is_left_alone_within_the_grace_time(nameless_study
 
 def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_none_running(mlflow_server):
     """The README's first command (`mlflow run . -e study ... -P new_study=true`, no experiment
-    name), on the small plan, twice: the second archives the first, launcher run included."""
+    name), on the small plan; then a new study of the same name archives it, launcher run included."""
     study = "whole-study"
     args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
     for k, v in {**SMALL, "model.pretrain_steps": "2"}.items():
@@ -148,20 +146,19 @@ def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_non
     assert links["dense"].startswith(want) and links["powersgd"].startswith(want), links
     assert f"two-process arms: {want}" in first.stdout
 
-    # the second asks for loopback: it says so, and its report's link table shows it
-    second = _mlflow_run(*args, "-P", "hosts=loopback", env={orphans.GRACE_ENV: "0"})
+    # a new study of the same name archives this one whole, its launcher run included (the
+    # loopback report of `-P hosts=loopback` is shown by the S3 study in test_aws)
+    renew = ["-e", "prepare", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
+    for k, v in {**SMALL, "model.pretrain_steps": "1"}.items():
+        renew += ["-P", f"{k}={v}"]
+    second = _mlflow_run(*renew, env={orphans.GRACE_ENV: "0"})
     assert second.returncode == 0, second.stderr[-3000:]
     archived = [e for e in T.client().search_experiments() if e.name.startswith(f"{study}@archived-")]
     assert len(archived) == 1
     moved = T.client().search_runs([archived[0].experiment_id], max_results=1000)
     assert {r.info.run_id for r in moved} == {r.info.run_id for r in runs}  # the whole first study
     fresh = T.client().search_runs([mlflow.get_experiment_by_name(study).experiment_id], max_results=1000)
-    assert sum(r.data.tags.get(T.STEP) == "study" for r in fresh) == 1
-    assert "two-process arms: loopback: both ranks on one host, as asked (hosts=loopback)" in second.stdout
-    [analyze] = [r for r in fresh if r.data.tags.get(T.STEP) == "analyze"]
-    report = T.download(analyze.info.run_id, "report.md", Path(tempfile.mkdtemp())).read_text()
-    assert "| dense | loopback: both ranks on one host, as asked" in report
-    assert "A two-process arm exchanged over loopback" in report
+    assert [r.data.tags.get(T.STEP) for r in fresh] == ["prepare"] and fresh[0].info.status == "FINISHED"
 
 
 def test_a_misspelt_plan_field_is_refused_before_any_run_with_the_nearest_name(mlflow_server):

@@ -19,13 +19,15 @@ from gradshare import metrics as M
 from gradshare import outbox
 from gradshare import tracking as T
 from gradshare.train.driver import latest_full_state
-from tests.conftest import REPO, MlflowServer, overrides, run_entry
+from tests.conftest import REPO, MlflowServer, experiment_id, overrides, run_entry
 
 
-@pytest.fixture
-def lone_server(tmp_path):
-    """A tracking server of the test's own (the session's server must never go away)."""
-    server = MlflowServer(tmp_path / "server").start()
+
+@pytest.fixture(scope="module")
+def lone_server(tmp_path_factory):
+    """A tracking server of this module's own (the session's server must never go away); each
+    test leaves it running."""
+    server = MlflowServer(tmp_path_factory.mktemp("lone-server")).start()
     old = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = server.uri
     mlflow.set_tracking_uri(server.uri)
@@ -42,7 +44,7 @@ def _history(run_id: str, key: str = M.STEP_S) -> list[tuple[int, float]]:
 
 
 def test_records_wait_while_the_server_is_gone_and_arrive_in_order_when_it_returns(lone_server, tmp_path):
-    run = T.client().create_run(mlflow.set_experiment("outbox-unit").experiment_id)
+    run = T.client().create_run(experiment_id("outbox-unit"))
     box = outbox.Outbox(run.info.run_id, grace_s=600, directory=tmp_path / "box", log=lambda line: None)
     box.metrics({"loss": 1.0}, step=1)
     assert box.pending() == 0
@@ -67,7 +69,7 @@ def test_records_wait_while_the_server_is_gone_and_arrive_in_order_when_it_retur
 
 
 def test_past_the_grace_time_the_journal_is_uploaded_by_the_documented_command(lone_server, tmp_path):
-    run = T.client().create_run(mlflow.set_experiment("outbox-unit").experiment_id)
+    run = T.client().create_run(experiment_id("outbox-unit"))
     box = outbox.Outbox(run.info.run_id, grace_s=1, directory=tmp_path / "box", log=lambda line: None)
     lone_server.stop()
     box.metrics({"loss": 2.0}, step=1)
@@ -105,7 +107,7 @@ def _wait_for_updates(proc, study: str, arm: str, n: int) -> str:
         time.sleep(0.3)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def lost_study(lone_server):
     study = "outbox-study"
     # 16 updates of 4 documents (the small study's 64), a 20 s grace
