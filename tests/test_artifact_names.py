@@ -43,6 +43,7 @@ def test_a_study_name_that_could_name_a_path_is_refused_before_any_run(mlflow_se
 def test_a_download_outside_its_directory_is_refused_and_writes_nothing(mlflow_server, tmp_path):
     run = T.client().create_run(experiment_id("artifact-names"))
     T.client().log_text(run.info.run_id, "inside", "notes/inside.txt")
+    T.client().set_terminated(run.info.run_id, "FINISHED")  # no test after this one meets it RUNNING
     dst = tmp_path / "a" / "b"
     with pytest.raises(T.StudyError, match="'../../notes' is not allowed"):
         T.download(run.info.run_id, "../../notes", dst)
@@ -81,6 +82,7 @@ def test_a_manifest_path_that_leaves_the_inputs_is_refused(mlflow_server, tmp_pa
                 "seed_model": {"kind": "tiny-pretrained"}}
     run = T.client().create_run(experiment_id("artifact-names-manifest"), tags={"gradshare.inputs_sha256": manifest["inputs_sha256"]})
     T.client().log_text(run.info.run_id, json.dumps(manifest), "inputs/manifest.json")
+    T.client().set_terminated(run.info.run_id, "FINISHED")
     with pytest.raises(T.StudyError, match="'tokenizer/../../../outside' is not allowed"):
         store.verified_inputs(T.client().get_run(run.info.run_id), plan, tmp_path / "work")
     assert not (tmp_path / "outside").exists()
