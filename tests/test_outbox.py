@@ -136,7 +136,8 @@ def test_an_arm_keeps_training_while_the_server_hangs_and_every_update_arrives(l
 def test_past_the_grace_an_arm_stops_after_a_whole_update_and_upload_delivers_everything(
         lone_server, lost_study, tmp_path):
     box_dir = tmp_path / "box"
-    proc = _train(lost_study, "powersgd", box_dir, {"GRADSHARE_INJECT_SLOW_S": "1.5"}, "--full-state-every", "2")
+    # 3 s per update at least: the 20 s grace runs out well before update 16
+    proc = _train(lost_study, "powersgd", box_dir, {"GRADSHARE_INJECT_SLOW_S": "3"}, "--full-state-every", "2")
     run_id = _wait_for_updates(proc, lost_study, "powersgd", 2)
     lone_server.stop()
     out = proc.communicate(timeout=600)[0]  # the server never returns while the arm runs
