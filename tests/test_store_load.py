@@ -14,14 +14,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from gradshare.plan import load_plan
 from gradshare.server import command
-from tests.conftest import REPO, free_port, overrides, run_entry
+from tests.conftest import REPO, free_port, overrides, run_entry, wait_until_serving
 
 # 4 client processes x 4 threads = 16 clients at once: 12 score children (3 per process), each
 # making RUNS_EACH runs, and 4 UI-like readers. Separate processes, so that the server, not one
@@ -36,17 +35,8 @@ def _start(cmd: list[str], root: Path) -> tuple[subprocess.Popen, str]:
     with open(root / "server.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        try:
-            if urllib.request.urlopen(uri + "/health", timeout=2).read() == b"OK":
-                return proc, uri
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
+    wait_until_serving(proc, uri, root / "server.log", timeout_s=180)
+    return proc, uri
 
 
 def _stop(proc: subprocess.Popen) -> None:
