@@ -104,6 +104,20 @@ def test_a_bad_launch_straight_to_the_train_entry_point_is_refused_before_any_ru
     assert _store() == before and mlflow.get_experiment_by_name("bad-launch") is None
 
 
+def test_the_driver_refuses_the_same_launches_for_callers_that_skip_the_entry_point():
+    from gradshare.train.driver import Launch, check_launch
+
+    check_launch(Launch(num_machines=2, machine_rank=1, main_process_port=29500), full_state_every=2)
+    for launch, every, said in [
+        (Launch(machine_rank=-1), 0, "machine_rank=-1 is not a machine rank for num_machines=1"),
+        (Launch(num_machines=2, machine_rank=1), 0, "main_process_port=0 (any free port) works on one host only"),
+        (Launch(main_process_port=70000), 0, "main_process_port=70000 is not a port"),
+        (Launch(), -1, "full_state_every=-1 is not a number of updates"),
+    ]:
+        with pytest.raises(T.Refusal, match=said.replace("(", r"\(").replace(")", r"\)")):
+            check_launch(launch, every)
+
+
 def test_with_an_experiment_name_a_bad_machine_rank_is_a_failed_refusal_naming_the_ranks(mlflow_server):
     """The plugin is not asked where the command names its experiment: MLflow makes the run, and
     the entry point's check ends it FAILED as a refusal that says which ranks there are."""

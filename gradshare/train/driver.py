@@ -172,12 +172,15 @@ def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
     return workdir
 
 
-def check_launch(launch: Launch) -> None:
-    if launch.num_machines > 1 and launch.main_process_port == 0:
-        raise T.Refusal("with num_machines > 1 every host must name the same main_process_port: "
-                           "pass -P main_process_port=PORT on each host")
-    if not 0 <= launch.machine_rank < launch.num_machines:
-        raise T.Refusal(f"machine_rank={launch.machine_rank} is not in 0..{launch.num_machines - 1}")
+def check_launch(launch: Launch, full_state_every: int = 0) -> None:
+    """The entry point's launch check (`train.launch.launch_problem`), again inside the run, for
+    any caller that reaches the driver another way."""
+    from gradshare.train.launch import launch_problem
+
+    values = {"num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
+              "main_process_port": launch.main_process_port, "full_state_every": full_state_every}
+    if problem := launch_problem(values):
+        raise T.Refusal(problem[1])
 
 
 def link_description(plan: Plan, arm: str, launch: Launch) -> str:
@@ -262,10 +265,8 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
 
     prep, plan = store.prepared_plan(study)
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
-    check_launch(launch)
+    check_launch(launch, full_state_every)
     check_devices(plan, arm, launch)
-    if full_state_every < 0:
-        raise T.Refusal(f"full_state_every={full_state_every}: give a number of updates >= 1, or 0 for none")
     if resume is None:
         attempt = claim_arm(prep, plan, arm, run.info.run_id)
         done = 0

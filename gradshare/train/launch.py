@@ -5,8 +5,8 @@
 
 One function, asked by the `mlflow run` plugin (before MLflow creates a run) and by the
 train entry point (before it opens one): the first parameter that cannot work, named
-with the values it may take. `driver.check_launch` checks the same inside the arm's run
-for any caller that reaches it another way.
+with the values it may take. `driver.check_launch` asks it again inside the arm's run,
+for any caller that reaches the driver another way.
 """
 from __future__ import annotations
 
