@@ -62,8 +62,10 @@ def fast_fail():
                 os.environ[k] = v
 
 
-def reachable(uri: str | None = None) -> bool:
-    """Whether the tracking server answers (any HTTP answer counts); a local store always does."""
+def unreachable(uri: str | None = None) -> str | None:
+    """Why the tracking server does not answer (the connection error), or None where it does:
+    any HTTP answer counts (a proxy or an auth app may refuse /health itself); a local store
+    always answers."""
     import urllib.error
     import urllib.request
     from urllib.parse import urlparse
@@ -72,14 +74,19 @@ def reachable(uri: str | None = None) -> bool:
 
     uri = uri or mlflow.get_tracking_uri()
     if urlparse(uri).scheme not in ("http", "https"):
-        return True
+        return None
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REQUEST_TIMEOUT_S).read()
     except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
+        return None
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+    return None
+
+
+def reachable(uri: str | None = None) -> bool:
+    """Whether the tracking server answers (`unreachable` says why not)."""
+    return unreachable(uri) is None
 
 
 class Outbox:

@@ -32,9 +32,6 @@ class Refusal(StudyError):
     its run is tagged `gradshare.refusal=true` and is not an attempt of anything."""
 
 
-REACH_TIMEOUT_S = 10
-
-
 def stop_on_sigterm() -> None:
     """SIGTERM ends a step as Ctrl-C does (an exception, so its run is ended FAILED with the
     reason and its processes are stopped), instead of killing it with its run left RUNNING."""
@@ -49,20 +46,12 @@ def stop_on_sigterm() -> None:
 def check_reachable(uri: str) -> None:
     """A tracking server that does not answer is refused at once, naming it (MLflow's own
     client would retry for minutes first)."""
-    import urllib.error
-    import urllib.request
-    from urllib.parse import urlparse
+    from gradshare.outbox import unreachable
 
-    if urlparse(uri).scheme not in ("http", "https"):
-        return
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S).read()
-    except urllib.error.HTTPError:
-        return  # it answered (a proxy or an auth app may refuse /health itself)
-    except (OSError, ValueError) as exc:
+    if (reason := unreachable(uri)) is not None:
         # SystemExit: one line on stderr, no run anywhere (there is no store to put one in)
-        raise SystemExit(f"[gradshare] the tracking server {uri} is unreachable ({getattr(exc, 'reason', exc)}): "
-                         f"start it (`gradshare server`) or point MLFLOW_TRACKING_URI at one; nothing was done") from None
+        raise SystemExit(f"[gradshare] the tracking server {uri} is unreachable ({reason}): "
+                         f"start it (`gradshare server`) or point MLFLOW_TRACKING_URI at one; nothing was done")
 
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
