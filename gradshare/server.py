@@ -22,6 +22,10 @@ import sys
 
 
 USER_ENV, PASSWORD_ENV = "GRADSHARE_SERVER_USER", "GRADSHARE_SERVER_PASSWORD"
+# MLflow (3.x) starts a job runner and seven huey consumers beside every server with a database
+# store, for GenAI jobs a study never submits: eight Python processes, about 30 CPU-seconds to
+# start and 1.9 GB resident (measured on the 2-core machine). Off unless the caller says otherwise.
+NO_JOBS = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def command(plan, host: str, port: int, backend: str, workers: int = 1, auth: bool = False) -> list[str]:
@@ -84,6 +88,8 @@ def main(argv=None) -> None:
     if args.auth:
         os.environ["MLFLOW_AUTH_CONFIG_PATH"] = auth_config(os.path.abspath(args.auth_dir))
         os.environ.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", _secret_key(os.path.abspath(args.auth_dir)))
+    for key, value in NO_JOBS.items():
+        os.environ.setdefault(key, value)
     print(" ".join(cmd), flush=True)
     if not args.print:
         os.execv(cmd[0], cmd)
