@@ -170,14 +170,30 @@ def expected_arm(study: str, plan, arm: str) -> dict:
             "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
 
 
-def expected_cross_bytes(plan, arm: str) -> float:
-    """Cross-zone bytes of the arm's hosts, sent plus received, from its logical volume."""
+def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
+    """The model's trainable parameter shapes as prepare recorded them (`model_shapes.json`); a
+    study prepared before they were recorded has them built on the meta device (about 5 s)."""
+    from mlflow.exceptions import MlflowException
+
+    from gradshare import tracking as T
+    from gradshare.projection import MODEL_SHAPES, parameter_shapes
+
+    try:
+        recorded = json.loads(T.download(prep.info.run_id, MODEL_SHAPES).read_text())
+    except (MlflowException, OSError):
+        return parameter_shapes(plan)
+    return [tuple(s) for s in recorded["shapes"]]
+
+
+def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = None) -> float:
+    """Cross-zone bytes of the arm's hosts, sent plus received, from its logical volume (the
+    model's parameter `shapes`, built from the plan where not given)."""
     if not crosses_zones(plan, arm):
         return 0.0
     from gradshare.projection import WIRE_OVERHEAD, parameter_shapes
     from gradshare.train.powersgd import logical_bytes_per_exchange
 
-    shapes = parameter_shapes(plan)
+    shapes = parameter_shapes(plan) if shapes is None else shapes
     p = plan.powersgd
     dense = logical_bytes_per_exchange(shapes, 4, None)
     per_update = [dense] * plan.schedule.updates
@@ -205,7 +221,8 @@ def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, 
     exp = expected_arm(study, plan, arm)
     left = plan.schedule.updates if updates_left is None else updates_left
     seconds = exp["startup_s"] + left * exp["update_s"]
-    cross = expected_cross_bytes(plan, arm) * left / plan.schedule.updates
+    cross = (expected_cross_bytes(plan, arm, prepared_shapes(prep, plan)) * left / plan.schedule.updates
+             if crosses_zones(plan, arm) else 0.0)
     cost = seconds * usd_per_s + cross * cross_rate
     how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
            f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")

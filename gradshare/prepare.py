@@ -29,6 +29,7 @@ from gradshare.data.tokenizer import load_tokenizer, train_bpe
 from gradshare.hashing import file_entries, read_jsonl, tree_sha256, write_json, write_jsonl
 from gradshare.metrics import seed_metrics
 from gradshare.plan import Plan
+from gradshare.projection import MODEL_SHAPES, parameter_shapes
 from gradshare.sources import numerical_sources, set_determinism
 
 
@@ -131,13 +132,35 @@ def _seed_model(plan: Plan, tokenizer, pretrain_docs, probes, out: Path, log) ->
     raise ValueError(f"model.source={m.source!r} is not tiny, hf:/dir or random-qwen3-1.7b")
 
 
+def _params_not_yet_logged(flat: dict[str, str]) -> dict[str, str]:
+    """The plan's parameters less those the run already holds with the same value. Launched by
+    `mlflow run . -e prepare -P link.rate_mbit=50`, MLflow logs `50` before prepare starts; the
+    plan's `50.0` would then be refused as a changed value (plan.json holds the canonical one).
+    A value that really differs is left in, so that MLflow refuses it."""
+    import mlflow
+
+    held = mlflow.get_run(mlflow.active_run().info.run_id).data.params
+    return {k: v for k, v in flat.items() if k not in held or not _same_value(held[k], v)}
+
+
+def _same_value(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
 def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
     """Parameters, plan.json, inputs/ (with manifest.json), data sets with full SHA-256."""
     import mlflow
     import pandas as pd
 
-    mlflow.log_params(plan.flat())
+    mlflow.log_params(_params_not_yet_logged(plan.flat()))
     mlflow.log_dict(json.loads(plan.canonical_json()) | {"plan_sha256": plan.sha256()}, "plan.json")
+    # for each arm's budget check, which would otherwise load transformers to build it (~5 s)
+    mlflow.log_dict({"shapes": [list(s) for s in parameter_shapes(plan)]}, MODEL_SHAPES)
     mlflow.log_artifacts(str(inputs), "inputs")
     sha = {e["path"]: e["sha256"] for e in manifest["files"]}
     for path, context in (("data/train_tasks.jsonl", "training"), ("data/replay.jsonl", "training"),

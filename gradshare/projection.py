@@ -114,6 +114,9 @@ def project(m: Machine, arm: str, world: int, rate_mbit: float, train_docs: int,
 
 # --- inputs -----------------------------------------------------------------------------
 
+MODEL_SHAPES = "model_shapes.json"  # prepare's record of parameter_shapes(plan), an artifact of its run
+
+
 def parameter_shapes(plan) -> list[tuple[int, ...]]:
     """The plan's model's trainable parameter shapes, from its config on the meta device
     (no weights are made)."""

@@ -15,6 +15,8 @@ from tests.conftest import overrides, run_entry
 
 # Plan figures that let the pre-arm projection through (a fast expected update) on SMALL.
 FAST = {"arms.expected_update_s": "0.01", "arms.expected_startup_s": "1"}
+# Prepare (~12 s) and the arm's start (~12 s on 2 cores) leave the single arm about ten 2 s updates.
+DEADLINE_S = 45
 
 
 def _limits(**kw) -> L.Limits:
@@ -58,7 +60,7 @@ def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
 
 def test_an_arm_projected_past_the_bound_is_refused_with_the_figures(mlflow_server):
     study = "budget-refused"
-    run_entry("prepare", "--study", study, *overrides({"infra.budget_usd": "0.00001"}))
+    run_entry("prepare", "--study", study, *overrides({"infra.budget_usd": "0.00001", "model.pretrain_steps": "1"}))
     proc = run_entry("train", "--study", study, "--arm", "single", check=False)
     assert proc.returncode != 0
     [run] = T.search(study, "train", "single")
@@ -70,11 +72,11 @@ def test_an_arm_projected_past_the_bound_is_refused_with_the_figures(mlflow_serv
 
 @pytest.fixture(scope="module")
 def stopped_study(mlflow_server):
-    """A deadline a few seconds into the single arm: 60 s after prepare starts, updates slowed
-    to 2 s each (a fault switch), 40 of them."""
+    """A deadline a few updates into the single arm: DEADLINE_S after prepare starts, updates
+    slowed to 2 s each (a fault switch), 40 of them."""
     study = "deadline-study"
-    extra = {**FAST, "infra.deadline_hours": f"{60 / 3600:.8f}", "data.train_per_family": "76",
-             "schedule.updates": "40"}  # 4 x 76 + 16 = 320 = 40 x 8
+    extra = {**FAST, "infra.deadline_hours": f"{DEADLINE_S / 3600:.8f}", "data.train_per_family": "76",
+             "schedule.updates": "40", "model.pretrain_steps": "1"}  # 4 x 76 + 16 = 320 = 40 x 8
     run_entry("prepare", "--study", study, *overrides(extra))
     t0 = time.time()
     run_entry("train", "--study", study, "--arm", "single", check=False, env={"GRADSHARE_INJECT_SLOW_S": "2"})
@@ -86,7 +88,7 @@ def stopped_study(mlflow_server):
 def test_an_arm_reaching_the_deadline_stops_after_a_whole_update(stopped_study):
     study, _, _ = stopped_study
     [prep] = T.search(study, "prepare")
-    deadline = float(prep.data.params[L.START_PARAM]) + 60
+    deadline = float(prep.data.params[L.START_PARAM]) + DEADLINE_S
     [run] = T.search(study, "train", "single")
     assert run.info.status == "FAILED"
     reason = run.data.tags[T.FAILURE]
@@ -111,3 +113,20 @@ def test_the_arms_after_it_are_unavailable_for_the_same_reason(stopped_study):
         assert later[arm].returncode != 0
         assert arms[arm]["status"] == "FAILED"
         assert "unavailable" in arms[arm]["failure_reason"] and "refused: deadline: arm" in arms[arm]["failure_reason"]
+
+
+def test_the_budget_check_reads_the_model_shapes_prepare_recorded(stopped_study):
+    """Each arm's check reads prepare's `model_shapes.json` instead of loading transformers to
+    build the model again; a study without the record (an older one) has them built."""
+    from types import SimpleNamespace
+
+    from gradshare import store
+    from gradshare.projection import parameter_shapes
+
+    study, _, _ = stopped_study
+    prep, plan = store.prepared_plan(study)
+    built = parameter_shapes(plan)
+    assert L.prepared_shapes(prep, plan) == built and len(built) > 10
+    [commit] = T.search(study, "commit")  # a run with no such record
+    assert L.prepared_shapes(SimpleNamespace(info=commit.info), plan) == built
+    assert L.expected_cross_bytes(plan, "dense", built) == L.expected_cross_bytes(plan, "dense")

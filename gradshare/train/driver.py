@@ -48,11 +48,11 @@ class Launch:
 
 
 def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
-    import torch
-
     need = plan.arms.processes(arm)
     if plan.hardware.device != "cuda":
         return
+    import torch  # here, not above: on CPU the driver never loads torch (about 2 s per arm)
+
     if need % launch.num_machines:
         raise T.Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
                         f"{launch.num_machines} machines")
