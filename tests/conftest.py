@@ -20,6 +20,18 @@ import pytest
 from gradshare.train.driver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+# Every `mlflow server` the tests start runs as `gradshare server` does: without MLflow's job
+# runner (eight Python processes per server that the study never uses).
+from gradshare.server import NO_JOBS  # noqa: E402
+
+os.environ.update(NO_JOBS)
+# Secrets planted in the environment of every step the suite runs: test_security searches the
+# whole store for them at the end (they must reach no parameter, tag, artifact or metric).
+PLANTED_SECRETS = {
+    "AWS_ACCESS_KEY_ID": "AKIAPLANTEDSECRET0001", "AWS_SECRET_ACCESS_KEY": "planted/aws+secret/key/0001",
+    "GITHUB_TOKEN": "ghp_plantedtoken000000000000000000000001", "HF_TOKEN": "hf_plantedtoken0000000001",
+    "DATABASE_PASSWORD": "planted-db-password-0001"}
+os.environ.update(PLANTED_SECRETS)
 
 # 4 x 12 + 16 = 64 = 8 updates x 8 documents; compression from update 3.
 SMALL = {
@@ -145,6 +157,16 @@ def mlflow_run(entry: str, study: str, params: dict, check: bool = True) -> subp
     return proc
 
 
+def mlflow_run_as_typed(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mlflow run . ARGS` exactly as typed in the repository, with no conda anywhere and no
+    experiment named by the environment."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("CONDA_EXE", "MLFLOW_CONDA_HOME",
+                                                                "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")}
+    return subprocess.run([sys.executable, "-m", "mlflow", "run", ".", *args], cwd=REPO,
+                          env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=900)
+
+
 def experiment_id(name: str) -> str:
     """The experiment's id, made if needed (not `mlflow.set_experiment`, which would also set
     MLFLOW_EXPERIMENT_ID in this process's environment for every command a later test starts)."""
@@ -231,3 +253,29 @@ def partial_scored(partial_study):
     if not is_scored(study):
         run_entry("score", "--study", study)
     return study
+
+
+@pytest.fixture(scope="session")
+def first_command_study(mlflow_server):
+    """The README's first command (`mlflow run . -e study -P new_study=true`, no experiment
+    name) on the small plan: its two-process arms cross two emulated hosts where this machine
+    can make them (root), else loopback. Its runs are kept as they ended (test_newcomer later
+    archives the study by preparing a new one of the same name; run ids stay valid).
+
+    The emulated link runs at 200 Mbit/s, not the plan's 22: no test here reads its speed (the
+    plan's rate is measured in test_two_hosts), and dense's 8 exchanges take 17 s less."""
+    from gradshare import orphans
+    from gradshare import tracking as T
+
+    study = "whole-study"
+    args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
+    for k, v in {**SMALL, "model.pretrain_steps": "2", "link.rate_mbit": "200"}.items():
+        args += ["-P", f"{k}={v}"]
+    default_before = len(T.client().search_runs(["0"]))
+    # No grace: a step that mistook the live launcher (or a sibling) for an orphan shows at once.
+    proc = mlflow_run_as_typed(*args, env={orphans.GRACE_ENV: "0"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exp = T.client().get_experiment_by_name(study)
+    runs = T.client().search_runs([exp.experiment_id], max_results=1000)
+    return SimpleNamespace(study=study, proc=proc, runs=runs, default_before=default_before,
+                           by_step=lambda step: [r for r in runs if r.data.tags.get(T.STEP) == step])

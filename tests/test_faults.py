@@ -81,7 +81,7 @@ def _tmpfs(path, size: str):
 def test_a_full_disk_while_writing_the_checkpoint_fails_the_arm_and_no_partial_checkpoint_is_taken(
         mlflow_server, tmp_path):
     study = "full-disk-study"
-    run_entry("prepare", "--study", study, *overrides())
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
     # room for the verified inputs (the seed model among them), not for them and the checkpoint
     [prep] = T.search(study, "prepare")
     inputs = sum(f.file_size or 0 for f in _walk(prep.info.run_id, "inputs"))

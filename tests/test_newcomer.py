@@ -1,5 +1,6 @@
 """A newcomer's first hour: the design card's command, one study in one experiment, no run
 left RUNNING, bad parameters refused before they leave a trace."""
+import json
 import os
 import subprocess
 import sys
@@ -9,16 +10,9 @@ import pytest
 
 from gradshare import netns, orphans
 from gradshare import tracking as T
-from tests.conftest import REPO, SMALL, run_entry
+from tests.conftest import SMALL, mlflow_run_as_typed, run_entry
 
-
-def _mlflow_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`mlflow run` exactly as typed, in the repository, with no conda anywhere."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("CONDA_EXE", "MLFLOW_CONDA_HOME",
-                                                                "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID")}
-    return subprocess.run([sys.executable, "-m", "mlflow", "run", ".", *args], cwd=REPO,
-                          env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})},
-                          capture_output=True, text=True, timeout=900)
+_mlflow_run = mlflow_run_as_typed  # the name the other test modules import
 
 
 def _all_runs() -> list:
@@ -119,35 +113,32 @@ def test_a_young_untagged_run_is_left_alone_within_the_grace_time(nameless_study
         c.set_terminated(young.info.run_id, "KILLED")
 
 
-def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_none_running(mlflow_server):
+def test_the_first_command_puts_every_run_of_the_study_in_its_experiment_and_none_running(first_command_study,
+                                                                                            tmp_path):
     """The README's first command (`mlflow run . -e study ... -P new_study=true`, no experiment
     name), on the small plan; then a new study of the same name archives it, launcher run included."""
-    study = "whole-study"
-    args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
-    for k, v in {**SMALL, "model.pretrain_steps": "2"}.items():
-        args += ["-P", f"{k}={v}"]
-    default_before = len(T.client().search_runs(["0"]))
-    # No grace: a step that mistook the live launcher (or a sibling) for an orphan shows at once.
-    first = _mlflow_run(*args, env={orphans.GRACE_ENV: "0"})
-    assert first.returncode == 0, first.stderr[-3000:]
+    study, first, runs = first_command_study.study, first_command_study.proc, first_command_study.runs
     assert "speed and dollars are not the study's" in first.stdout  # a CPU run says what it is
-    exp = mlflow.get_experiment_by_name(study)
-    runs = T.client().search_runs([exp.experiment_id], max_results=1000)
     steps = sorted(r.data.tags.get(T.STEP, "?") for r in runs)
     assert steps.count("study") == 1 and steps.count("train") == 3 and {"prepare", "commit", "analyze"} <= set(steps)
     assert not [r for r in runs if r.info.status == "RUNNING"]
     # the study's own launcher lived all along: no step took it for an orphan (it is minutes old)
     assert not [r for r in runs if r.data.tags.get(T.FAILURE, "").startswith("orphaned")]
-    assert len(T.client().search_runs(["0"])) == default_before
+    assert len(T.client().search_runs(["0"])) == first_command_study.default_before
     # the two-process arms crossed the emulated link where this machine can make one (root on CI)
     links = {r.data.tags[T.ARM]: r.data.params.get("link", "") for r in runs if r.data.tags.get(T.STEP) == "train"}
     want = "loopback: both ranks on one host" if netns.unavailable() else "emulated: two hosts"
     assert links["single"] == "none: one process"
     assert links["dense"].startswith(want) and links["powersgd"].startswith(want), links
     assert f"two-process arms: {want}" in first.stdout
+    # `-P link.rate_mbit=200`: MLflow logged `200` on the prepare run before prepare started, and
+    # prepare's own `200.0` is not refused as a changed value; the plan holds the number
+    [prep] = first_command_study.by_step("prepare")
+    assert prep.data.params["link.rate_mbit"] == "200"
+    assert json.loads(T.download(prep.info.run_id, "plan.json", tmp_path).read_text())["link"]["rate_mbit"] == 200
 
-    # a new study of the same name archives this one whole, its launcher run included (the
-    # loopback report of `-P hosts=loopback` is shown by the S3 study in test_aws)
+    # a new study of the same name archives this one whole, its launcher run included (its
+    # runs keep their ids: test_two_hosts reads the arms' wire bytes and the report by id)
     renew = ["-e", "prepare", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
     for k, v in {**SMALL, "model.pretrain_steps": "1"}.items():
         renew += ["-P", f"{k}={v}"]

@@ -16,13 +16,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gradshare.plan import load_plan
-from gradshare.server import command
-from tests.conftest import REPO, free_port, overrides, run_entry, wait_until_serving
+import psutil
 
-SECRETS = {"AWS_ACCESS_KEY_ID": "AKIAPLANTEDSECRET0001", "AWS_SECRET_ACCESS_KEY": "planted/aws+secret/key/0001",
-           "GITHUB_TOKEN": "ghp_plantedtoken000000000000000000000001", "HF_TOKEN": "hf_plantedtoken0000000001",
-           "DATABASE_PASSWORD": "planted-db-password-0001"}
+from gradshare.plan import load_plan
+from gradshare.server import NO_JOBS, command
+from tests.conftest import PLANTED_SECRETS, REPO, free_port, run_entry, wait_until_serving
 
 
 def test_an_unreachable_tracking_server_is_refused_naming_it(tmp_path):
@@ -57,6 +55,8 @@ def test_basic_auth_refuses_the_unauthenticated_and_serves_the_authenticated(tmp
     user, password = "gradshare-admin", "planted-admin-password-0001"
     port = free_port()
     env = {**os.environ, "GRADSHARE_SERVER_USER": user, "GRADSHARE_SERVER_PASSWORD": password}
+    for key in NO_JOBS:  # gradshare server's own default, not the tests'
+        env.pop(key)
     proc = subprocess.Popen([sys.executable, "-m", "gradshare.cli", "server", "--auth", "--port", str(port),
                              "--auth-dir", str(tmp_path / "auth"), "--backend-store-uri",
                              f"sqlite:///{tmp_path}/mlflow.db", "--infra.artifact_destination",
@@ -74,6 +74,9 @@ def test_basic_auth_refuses_the_unauthenticated_and_serves_the_authenticated(tmp
         assert password not in cmdline and password not in (tmp_path / "server.log").read_text()
         ini = tmp_path / "auth" / "basic_auth.ini"
         assert stat.S_IMODE(ini.stat().st_mode) == 0o600
+        # and no job runner beside it: the uvicorn worker is its only Python child
+        children = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert children and not [c for c in children if "huey" in c or "_job_runner" in c], children
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -86,18 +89,19 @@ def test_auth_without_credentials_in_the_environment_is_refused():
     assert out.returncode != 0 and "set GRADSHARE_SERVER_USER and GRADSHARE_SERVER_PASSWORD" in out.stderr
 
 
-def test_no_planted_secret_reaches_the_store(mlflow_server):
-    """prepare and an arm run with secrets in their environment; then every byte the server
-    keeps (its database and every artifact) is searched for them."""
-    study = "secret-study"
-    run_entry("prepare", "--study", study, *overrides(), env=SECRETS)
-    run_entry("train", "--study", study, "--arm", "single", env=SECRETS)
+def test_no_planted_secret_reaches_the_store(mlflow_server, scored_study):
+    """Every step the suite ran had secrets in its environment (`conftest.PLANTED_SECRETS`): the
+    scored study's prepare, three arms, commit and score at least, and every study the tests
+    before this one made. Every byte the server keeps (its database, with every parameter, tag
+    and system metric, and every artifact) is searched for them."""
+    for name, secret in PLANTED_SECRETS.items():
+        assert os.environ[name] == secret  # planted: the steps inherited it
     root = Path(mlflow_server.artifacts).parent
     stores = [root / "mlflow.db", *[p for p in Path(mlflow_server.artifacts).rglob("*") if p.is_file()]]
-    assert len(stores) > 10  # the database and the study's artifacts (inputs, checkpoint, ...)
+    assert len(stores) > 10  # the database and the studies' artifacts (inputs, checkpoints, ...)
     for path in stores:
         data = path.read_bytes()
-        for name, secret in SECRETS.items():
+        for name, secret in PLANTED_SECRETS.items():
             assert secret.encode() not in data, f"{name} found in {path}"
 
 

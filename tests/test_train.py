@@ -130,13 +130,24 @@ def test_the_checkpoint_hash_tag_is_the_hash_of_the_logged_checkpoint(trained_st
     assert (ckpt / "tokenizer.json").exists()
 
 
-def test_a_nan_loss_ends_the_run_failed_with_a_reason(failing_study):
+def test_a_nan_loss_ends_the_run_failed_with_a_reason_and_the_default_plan_allows_no_retry(failing_study):
     proc = run_entry("train", "--study", failing_study, "--arm", "dense",
                      env={"GRADSHARE_INJECT_NAN_AT": "3"}, check=False)
     assert proc.returncode != 0
     [run] = T.search(failing_study, "train", "dense")
     assert run.info.status == "FAILED"
     assert "diverged" in run.data.tags[T.FAILURE] and "update 3" in run.data.tags[T.FAILURE]
+    assert run.data.tags[T.ATTEMPT] == "1"
+    # the default plan allows one attempt: the arm is refused a second, naming the first
+    from gradshare.plan import load_plan
+
+    assert load_plan("tiny").arms.max_attempts == 1
+    again = run_entry("train", "--study", failing_study, "--arm", "dense", check=False)
+    assert again.returncode != 0
+    first, refused = T.search(failing_study, "train", "dense")
+    assert first.info.run_id == run.info.run_id and refused.info.status == "FAILED"
+    assert refused.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in refused.data.tags
+    assert "used its 1 attempt" in refused.data.tags[T.FAILURE] and run.info.run_id in refused.data.tags[T.FAILURE]
 
 
 def test_an_arm_that_would_overlap_a_running_arm_is_refused(failing_study):

@@ -1,5 +1,6 @@
 """Two emulated hosts (network namespaces, a tc-shaped veth link): the dense and powersgd arms
-run across them with the real multi-node launch, and each host's wire bytes are metered.
+of the README's first command run across them with the real multi-node launch, and each
+host's wire bytes are metered; the link runs at the plan's rate; nothing is left behind.
 
 Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`).
 """
@@ -9,8 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from urllib.parse import urlparse
 
 import pytest
 
@@ -18,24 +17,20 @@ from gradshare import metrics as M
 from gradshare import netns
 from gradshare import tracking as T
 from gradshare.plan import load_plan
-from tests.conftest import REPO, SMALL, overrides, run_entry
+from tests.conftest import REPO, SMALL
 
 REASON = netns.unavailable()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
 
-# 4 x 20 + 16 = 96 = 12 updates x 8 documents; compression from update 3.
-TWELVE = {"data.train_per_family": "20", "schedule.updates": "12"}
-PLAN = load_plan("tiny", {**SMALL, **TWELVE})
-PORT = 29517  # the rendezvous port on host 0 (a fresh namespace: nothing else listens there)
+PLAN = load_plan("tiny", SMALL)
 # Each host's wire bytes over its logical bytes, whole arm: the initial weight broadcast
 # (one model, 5.8 MB), TCP/IP headers (~4% at MTU 1500), the counters gathered per update.
 WIRE_FACTOR = 1.6
 
 
 @pytest.fixture(scope="module")
-def hosts(mlflow_server):
+def hosts():
     with netns.two_hosts(PLAN.link.rate_mbit) as h:
-        h.bridge(urlparse(mlflow_server.uri).port)  # the tracking server, from both hosts
         yield h
     assert not set(h.ns) & set(netns.leftovers())
 
@@ -58,52 +53,25 @@ def test_teardown_leaves_no_namespace_behind_on_failure_too():
     assert not os.path.exists(f"/sys/class/net/gs{h.tag}a")
 
 
-def _train_across(hosts, study: str, arm: str) -> dict:
-    """Machine rank 0 on host 0, machine rank 1 on host 1, through gradshare's entry point."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **hosts.env}
-    procs = []
-    for rank in (0, 1):
-        cmd = hosts.exec(rank) + [sys.executable, "-m", "entrypoints.train", "--study", study, "--arm", arm,
-                                  "--num-machines", "2", "--machine-rank", str(rank),
-                                  "--main-process-ip", hosts.addr[0], "--main-process-port", str(PORT)]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    t0 = time.perf_counter()
-    outs = [p.communicate(timeout=PLAN.arms.timeout_s(PLAN.schedule.updates) + 120)[0] for p in procs]
-    wall = time.perf_counter() - t0
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"{arm} machine rank {rank} exited {p.returncode}:\n{out[-4000:]}"
-    [run] = T.search(study, "train", arm, status="FINISHED")
-    return {"run": run, "wall_s": wall}
-
-
 def _post_warmup(run, key: str) -> float:
     hist = T.client().get_metric_history(run.info.run_id, key)
     return sum(m.value for m in hist if m.step > PLAN.powersgd.warmup_updates)
 
 
 @pytest.fixture(scope="module")
-def two_host_study(hosts):
-    study = "two-host-study"
-    run_entry("prepare", "--study", study, *overrides(TWELVE))
-    arms = {"dense": _train_across(hosts, study, "dense")}
-    # powersgd through the script a person uses: fresh hosts at the study's link rate, torn down after
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "run", "--study", study,
-                           "--arm", "powersgd"], cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"joined by a {PLAN.link.rate_mbit:g} Mbit/s link" in proc.stdout
-    [run] = T.search(study, "train", "powersgd", status="FINISHED")
-    arms["powersgd"] = {"run": run, "wall_s": time.perf_counter() - t0}
-    return study, arms
+def two_host_arms(first_command_study):
+    """The dense and powersgd arms of the README's first command (conftest): each machine rank
+    started with `mlflow run` in its own namespace, as a person starts them on two hosts."""
+    return {r.data.tags[T.ARM]: r for r in first_command_study.by_step("train")
+            if r.data.tags[T.ARM] in ("dense", "powersgd")}
 
 
 @needs_hosts
-def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_bytes(two_host_study):
-    study, arms = two_host_study
+def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_bytes(two_host_arms):
     table = {}
-    for arm, got in arms.items():
-        run, m = got["run"], got["run"].data.metrics
+    for arm, run in two_host_arms.items():
+        m = run.data.metrics
+        assert run.data.params["link"].startswith("emulated: two hosts")
         assert run.data.params["num_machines"] == "2" and run.data.params["main_process_ip"] == "198.18.0.1"
         assert run.data.params["torch_threads_per_rank"] == "1,1"
         steps = T.client().get_metric_history(run.info.run_id, M.LOGICAL_BYTES)
@@ -111,8 +79,7 @@ def test_dense_and_powersgd_run_across_two_hosts_and_each_host_meters_real_wire_
         # two network stacks: two hosts measured, each with one rank
         assert M.host_wire_tx_total(1) in m and M.host_wire_tx_total(2) not in m
         logical = m[M.LOGICAL_BYTES_TOTAL]
-        row = {"logical_bytes": logical, "wall_s": round(got["wall_s"], 1),
-               "active_s": round(m[M.ACTIVE_S], 1),
+        row = {"logical_bytes": logical, "active_s": round(m[M.ACTIVE_S], 1),
                # the same updates as the wire figures below (dense's summary counts all of them)
                "logical_post_warmup": _post_warmup(run, M.LOGICAL_BYTES)}
         for j in (0, 1):
@@ -158,6 +125,17 @@ def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
 
 
 @needs_hosts
+def test_the_scripts_run_refuses_a_study_that_was_never_prepared_and_makes_no_host(mlflow_server):
+    """`two_hosts.py run` is `emulated.run_arm_across`, the function the first command's arms
+    ran through above; here only its own wiring: the study is read before any host is made."""
+    before = set(netns.leftovers())
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "run", "--study",
+                           "never-prepared", "--arm", "dense"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "has no finished prepare run" in proc.stderr, proc.stderr[-2000:]
+    assert set(netns.leftovers()) == before
+
+
+@needs_hosts
 def test_down_removes_only_namespaces_whose_maker_is_gone():
     from gradshare.netns import setup
     # a pair made for a process that no longer exists: what a killed user leaves behind
@@ -182,20 +160,18 @@ def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
 
 
 @needs_hosts
-def test_the_reports_cross_zone_dollars_are_the_measured_bytes_at_the_plans_rate_each_way(two_host_study):
+def test_the_reports_cross_zone_dollars_are_the_measured_bytes_at_the_plans_rate_each_way(
+        first_command_study, two_host_arms, tmp_path):
     """Two emulated hosts in the plan's two zones: every byte a host sends or receives on the
-    link is billed at infra.cross_zone_usd_per_gb, in each direction."""
-    study, arms = two_host_study
-    run_entry("commit", "--study", study)
-    from analysis.analyze import analyze
-
-    v, out = analyze(study)
-    report = (out / "report.md").read_text()
-    for arm in ("dense", "powersgd"):
-        m = arms[arm]["run"].data.metrics
+    link is billed at infra.cross_zone_usd_per_gb, in each direction (the first command's report)."""
+    [run] = first_command_study.by_step("analyze")
+    v = json.loads(T.download(run.info.run_id, "verdicts.json", tmp_path).read_text())
+    report = T.download(run.info.run_id, "report.md", tmp_path).read_text()
+    assert PLAN.infra.cross_zone_usd_per_gb == 0.01
+    for arm, arm_run in two_host_arms.items():
+        m = arm_run.data.metrics
         measured = sum(m[M.host_wire_tx_total(j)] + m[M.host_wire_rx_total(j)] for j in (0, 1))
         usd = measured / 1e9 * PLAN.infra.cross_zone_usd_per_gb
-        assert PLAN.infra.cross_zone_usd_per_gb == 0.01
         assert v["cost"][arm]["cross_zone_bytes"] == measured
         assert v["cost"][arm]["cross_zone_usd"] == pytest.approx(usd)
         assert f"| {usd:.6f} |" in report
@@ -209,6 +185,8 @@ def test_without_namespaces_the_study_falls_back_to_loopback_and_says_why(monkey
     assert not link.emulated
     assert link.note == ("loopback: both ranks on one host, no byte crossed a link (network namespaces need "
                          "root (this process is not root))")
+    asked = emulated.choose_link("loopback", PLAN)
+    assert not asked.emulated and asked.note.startswith("loopback: both ranks on one host, as asked (hosts=loopback)")
     with pytest.raises(SystemExit, match="hosts=emulated: cannot make emulated hosts here: network namespaces"):
         emulated.choose_link("emulated", PLAN)
     with pytest.raises(SystemExit, match="choose one of auto, emulated, loopback"):
