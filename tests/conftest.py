@@ -17,13 +17,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from gradshare.server import NO_JOBS
 from gradshare.train.driver import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 # Every `mlflow server` the tests start runs as `gradshare server` does: without MLflow's job
 # runner (eight Python processes per server that the study never uses).
-from gradshare.server import NO_JOBS  # noqa: E402
-
 os.environ.update(NO_JOBS)
 # Secrets planted in the environment of every step the suite runs: test_security searches the
 # whole store for them at the end (they must reach no parameter, tag, artifact or metric).
