@@ -147,17 +147,35 @@ def collate(encoded: list[tuple[list[int], list[bool]]], pad_id: int, device="cp
     return ids.to(device), att.to(device), tgt.to(device)
 
 
-def token_losses(model, ids, att, tgt, chunk_tokens: int = 0) -> torch.Tensor:
+PAD_SEGMENT = -1  # the segment id of padding in packed rows (`gradshare.train.batching`)
+
+
+def packed_attention_mask(seg: torch.Tensor) -> torch.Tensor:
+    """The boolean [rows, 1, tokens, tokens] mask (True: may attend) of packed rows, from each
+    token's document number within its row (`seg`): causal within each document, nothing across
+    documents; a padding token attends to itself only, so that no query row is empty (an empty
+    row gives NaN in attention, and 0 x NaN is NaN in the loss). Hugging Face models take a 4-D
+    mask as it is."""
+    t = seg.shape[1]
+    same = seg.unsqueeze(2) == seg.unsqueeze(1)
+    causal = torch.ones(t, t, dtype=torch.bool, device=seg.device).tril()
+    real = (seg != PAD_SEGMENT).unsqueeze(1)  # keys that hold a document token
+    eye = torch.eye(t, dtype=torch.bool, device=seg.device)
+    return ((same & causal & real) | eye).unsqueeze(1)
+
+
+def token_losses(model, ids, att, tgt, chunk_tokens: int = 0, pos=None) -> torch.Tensor:
     """Per-token negative log-likelihood (nats) of target tokens; zeros elsewhere. Shape [B, T-1].
 
+    `att` is a 2-D padding mask, or a 4-D mask of packed rows with their positions `pos`.
     `chunk_tokens` > 0: the same losses with the logits made `chunk_tokens` rows at a time
     and recomputed in backward, so that no [tokens, vocabulary] FP32 tensor is kept (at
     Qwen3's 151,936 words and 4,096 tokens that is 2.5 GB per copy, and eager keeps several).
     """
     if chunk_tokens:
-        return _chunked_token_losses(model, ids, att, tgt, chunk_tokens)
+        return _chunked_token_losses(model, ids, att, tgt, chunk_tokens, pos=pos)
     # use_cache=False: a training forward needs no KV cache (HF builds one by default)
-    logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits[:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=False).logits[:, :-1].float()
     labels = ids[:, 1:]
     # Rows of a contiguous [B*T, V] view: cross-entropy over a transposed [B, V, T] view
     # reads the vocabulary with a stride and was measured 5.6x slower (CPU, V=32k).
@@ -172,53 +190,81 @@ def _logit_nll(lm_head, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return torch.nn.functional.cross_entropy(lm_head(hidden).float(), labels, reduction="none")
 
 
-def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int, nll_fn=_logit_nll) -> torch.Tensor:
+def _chunked_token_losses(model, ids, att, tgt, chunk_tokens: int, nll_fn=_logit_nll, pos=None) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
-    hidden = model.model(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state[:, :-1]
+    hidden = model.model(input_ids=ids, attention_mask=att, position_ids=pos,
+                         use_cache=False).last_hidden_state[:, :-1]
     labels = ids[:, 1:]
     rows = hidden.reshape(-1, hidden.shape[-1])
     flat = labels.reshape(-1)
     head = model.get_output_embeddings()
+    # preserve_rng_state=False: the head and loss draw no random numbers, and reading the RNG
+    # state is not allowed while a CUDA graph is being captured.
     nll = torch.cat([checkpoint(nll_fn, head, rows[i:i + chunk_tokens], flat[i:i + chunk_tokens],
-                                use_reentrant=False)
+                                use_reentrant=False, preserve_rng_state=False)
                      for i in range(0, rows.shape[0], chunk_tokens)])
     return nll.view(labels.shape) * tgt[:, 1:]
 
 
+class _ZeroGradients(torch.autograd.Function):
+    """A scalar 0 whose backward hands every parameter a zero gradient (an expanded zero: no
+    memory): a backward pass that adds nothing to any gradient but runs every parameter's
+    gradient accumulation, which is where DDP hands its buckets to the exchange."""
+
+    @staticmethod
+    def forward(ctx, *params):
+        ctx.like = [(p.shape, p.dtype, p.device) for p in params]
+        return params[0].new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tuple(torch.zeros((), dtype=dt, device=dev).expand(shape) for shape, dt, dev in ctx.like)
+
+
 class TokenLoss(torch.nn.Module):
     """The model with its loss as one module: what DDP wraps, so that the chunked loss (which
-    calls the decoder and the head separately) still runs inside DDP's forward."""
+    calls the decoder and the head separately) still runs inside DDP's forward.
 
-    def __init__(self, lm, chunk_tokens: int = 0, compile_loss: bool = False):
+    Called with no inputs it is the exchange pass (`_ZeroGradients`): through DDP, a backward
+    of it exchanges the gradients the micro-batches accumulated, adding nothing to them."""
+
+    def __init__(self, lm, chunk_tokens: int = 0, compile_loss: bool = False, static_shapes: bool = False):
         super().__init__()
         self.lm = lm
         self.chunk_tokens = chunk_tokens
         # Compiled, head + upcast + cross-entropy (and its backward) fuse into a few kernels
         # instead of materialising FP32 logits, their log-softmax and a one-hot gradient.
-        self._nll_fn = torch.compile(_logit_nll) if (compile_loss and chunk_tokens) else None
+        self._nll_fn = (torch.compile(_logit_nll, dynamic=False if static_shapes else None)
+                        if (compile_loss and chunk_tokens) else None)
 
-    def forward(self, ids, att, tgt):
+    def forward(self, ids=None, att=None, tgt=None, seg=None, pos=None):
+        if ids is None:
+            return _ZeroGradients.apply(*[p for p in self.parameters() if p.requires_grad])
+        if seg is not None:  # packed rows: the mask is made here, on the device (inside a graph)
+            att = packed_attention_mask(seg)
         if self._nll_fn is not None:
             try:
-                return _chunked_token_losses(self.lm, ids, att, tgt, self.chunk_tokens, self._nll_fn)
+                return _chunked_token_losses(self.lm, ids, att, tgt, self.chunk_tokens, self._nll_fn, pos=pos)
             except Exception as exc:  # a compiler failure must not stop a run: the eager path is the same function
                 import warnings
                 warnings.warn(f"compiled loss failed, using the eager one: {type(exc).__name__}: {exc}")
                 self._nll_fn = None
-        return token_losses(self.lm, ids, att, tgt, self.chunk_tokens)
+        return token_losses(self.lm, ids, att, tgt, self.chunk_tokens, pos=pos)
 
 
-def compile_layers(lm) -> None:
+def compile_layers(lm, static_shapes: bool = False) -> None:
     """torch.compile each decoder layer in place: one graph shared by all identical layers
-    (compile time of one layer, not of the model); embedding, head and loss stay eager."""
+    (compile time of one layer, not of the model); embedding, head and loss stay eager.
+    `static_shapes`: every shape is compiled as itself (packed micro-batches come in a few fixed
+    shapes: static kernels, and no dynamic recompile when the second shape arrives)."""
     import torch._dynamo
 
     # Should a layer attribute ever be specialised per layer, 28 layers must not hit the
     # default limit of 8 graphs and fall back to eager silently.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for layer in lm.model.layers:
-        layer.compile()
+        layer.compile(dynamic=False if static_shapes else None)
 
 
 def pretrain_seed(model, tokenizer, docs: list[dict], steps: int, batch_docs: int, lr: float,

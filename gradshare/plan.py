@@ -105,7 +105,13 @@ class SchedulePlan:
     docs_per_update: int = 32
     """Documents in one global batch."""
     micro_batch_docs: int = 4
-    """Documents per forward/backward on one rank."""
+    """Documents per forward/backward on one rank, where `micro_batch_tokens` is 0."""
+    micro_batch_tokens: int = 0
+    """0: micro-batches of `micro_batch_docs` documents, each padded to its longest. > 0: a rank's
+    documents are packed into rows of `data.max_doc_tokens` tokens (several documents per row,
+    each attending only to itself, positions restarting at 0: the same function), and rows into
+    micro-batches of at most this many tokens; row counts are padded to powers of two, so that
+    compilation and CUDA graphs see a small fixed set of shapes (`gradshare.train.batching`)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,16 @@ class HardwarePlan:
     backward; 0: all logits materialised at once (FP32, tokens x vocabulary)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory, about 1/3 more compute)."""
+    cuda_graphs: bool = False
+    """Each micro-batch shape's forward and backward is captured once as a CUDA graph and replayed
+    (the host launches one graph instead of thousands of kernels); the DDP arms then exchange in
+    one pass of their own after the micro-batches. Needs `schedule.micro_batch_tokens` > 0 (a
+    bounded set of shapes). On a CPU the same static-shape path runs without capture (what the
+    CPU tests check)."""
+    max_device_gib: float = 0.0
+    """Cap of PyTorch's allocator per process, GiB (`torch.cuda.set_per_process_memory_fraction`);
+    0: no cap. The full profile's 44 is an L40S's 48 GB less the CUDA context, so an arm that
+    would not fit the study's hosts fails on a larger card too, naming the cap and the update."""
     threads_per_process: int = 1
     """CPU threads of every process of every arm (torch intra-op threads, OMP/MKL): the same in
     each arm, so that on CPU `single` is one device and a two-process arm two; 0: torch's and
@@ -360,6 +376,13 @@ PROFILES: dict[str, dict[str, str]] = {
         # The H200 trace of 4 x 512-token micro-batches was bound by kernel launches;
         # 8 documents per micro-batch halves them (not yet measured).
         "schedule.micro_batch_docs": "8",
+        # The study's documents (median 3,400 tokens per update: ~30-token tasks and
+        # conversations up to 512) packed into rows of 512: 4 rows per micro-batch, ~1/4 of the
+        # activations of 8 x 512 padded documents, so that the host-resident error has room
+        # on the device while it travels (BENCHMARKS.md, the study's own workload).
+        "schedule.micro_batch_tokens": "2048",
+        "hardware.cuda_graphs": "true",
+        "hardware.max_device_gib": "44",
         # Speed levers measured in benchmarks/arms_one_gpu.py (BENCHMARKS.md); each computes the
         # same function as the plain path, so the tiny profile keeps the plain one.
         "hardware.compile": "true",
@@ -504,6 +527,16 @@ def validate(plan: Plan) -> Plan:
         problems.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
     if plan.hardware.threads_per_process < 0:
         problems.append("hardware.threads_per_process must be >= 0 (0: the launcher's and torch's defaults)")
+    if s.micro_batch_tokens < 0:
+        problems.append("schedule.micro_batch_tokens must be >= 0 (0: micro-batches of schedule.micro_batch_docs)")
+    elif 0 < s.micro_batch_tokens < d.max_doc_tokens:
+        problems.append(f"schedule.micro_batch_tokens={s.micro_batch_tokens} holds no row of "
+                        f"data.max_doc_tokens={d.max_doc_tokens}: choose at least that many")
+    if plan.hardware.cuda_graphs and s.micro_batch_tokens == 0:
+        problems.append("hardware.cuda_graphs needs schedule.micro_batch_tokens > 0: a graph replays one "
+                        "fixed shape, and only packed micro-batches come in a bounded set of shapes")
+    if plan.hardware.max_device_gib < 0:
+        problems.append("hardware.max_device_gib must be >= 0 (0: no cap)")
     if plan.hardware.loss_chunk_tokens < 0:
         problems.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
     if (plan.hardware.compile or plan.hardware.fused_adamw) and plan.hardware.device != "cuda":

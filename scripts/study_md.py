@@ -98,7 +98,9 @@ def block_profiles(ps):
                      ("fused AdamW kernel", "hardware.fused_adamw"),
                      ("DDP gradients as bucket views", "hardware.gradient_as_bucket_view"),
                      ("cross-entropy in chunks of tokens (0: all at once)", "hardware.loss_chunk_tokens"),
-                     ("activation checkpointing", "hardware.activation_checkpointing")]),
+                     ("activation checkpointing", "hardware.activation_checkpointing"),
+                     ("micro-batches replayed as CUDA graphs", "hardware.cuda_graphs"),
+                     ("allocator cap per process, GiB (0: none)", "hardware.max_device_gib")]),
         ("plan_sha256 (first 16 hex)", lambda p: f"`{p.sha256()[:16]}`", "`Plan.sha256()`"),
     ]
     return by_profile(ps, rows)
@@ -123,8 +125,10 @@ def block_shared(ps):
         ("study seed (data, schedule order, initialisation, RNG)", lambda p: f"`{p.study.seed}`", "`study.seed`"),
         ("final step: every final model is fixed here", lambda p: num(p.schedule.updates), "`schedule.updates`"),
         ("documents per global batch", lambda p: num(p.schedule.docs_per_update), "`schedule.docs_per_update`"),
-        ("documents per micro-batch on one rank", lambda p: num(p.schedule.micro_batch_docs),
+        ("documents per micro-batch on one rank (where not packed)", lambda p: num(p.schedule.micro_batch_docs),
          "`schedule.micro_batch_docs`"),
+        ("tokens per packed micro-batch (0: not packed)", lambda p: num(p.schedule.micro_batch_tokens),
+         "`schedule.micro_batch_tokens`"),
         *field_rows([("AdamW learning rate", "optim.lr"),
                      ("learning-rate warm-up (updates, linear)", "optim.warmup_updates"),
                      ("AdamW beta1", "optim.beta1"), ("AdamW beta2", "optim.beta2"),

@@ -30,8 +30,10 @@ from gradshare.data.schedule import rank_share, update_sha256
 from gradshare.metering import Clock, add_into, gather, host_counters, per_host_delta
 from gradshare.model import TokenLoss, collate, compile_layers
 from gradshare.plan import Plan
-from gradshare.train import fullstate
-from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state
+from gradshare.train import batching, fullstate
+from gradshare.train.graphs import StaticSteps, made_up_batch
+from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
+from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state, prefetch_errors
 
 
 class DivergenceError(RuntimeError):
@@ -48,6 +50,7 @@ class LoopResult:
     wire: dict = field(default_factory=dict)  # host id -> summed deltas of the update windows
     wire_first: list = field(default_factory=list)  # every rank's counters as update 1 starts
     hook_passes: int | None = None  # PowerSGD state's exchange count: one per update
+    graphs: dict | None = None  # packed micro-batches: shapes prepared, graphs captured, why not
 
 
 @dataclass
@@ -91,14 +94,37 @@ def _lr(plan: Plan, update: int) -> float:
     return o.lr
 
 
-def micro_batches(doc_ids: list[str], lengths: dict[str, int], size: int) -> list[list[str]]:
-    """This rank's share in micro-batches, grouped by length to waste little padding.
+def micro_batches(plan: Plan, doc_ids: list[str], lengths: dict[str, int]) -> list[batching.MicroBatch]:
+    """This rank's share of one update as micro-batches: by count, or packed by a token budget
+    (`gradshare.train.batching`). The update's gradient is a sum over its documents, so the
+    layout changes rounding only, never the function being computed."""
+    s = plan.schedule
+    if s.micro_batch_tokens:
+        return batching.packed(doc_ids, lengths, plan.data.max_doc_tokens, s.micro_batch_tokens)
+    return batching.by_count(doc_ids, lengths, s.micro_batch_docs)
 
-    The update's gradient is a sum over its documents, so grouping changes rounding
-    only, never the function being computed.
-    """
-    ordered = sorted(doc_ids, key=lambda i: (lengths[i], i))
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+def prebuilds_buckets(plan: Plan) -> bool:
+    """Whether a DDP arm builds its final buckets before training (`prebuild_buckets`): on a GPU,
+    and wherever micro-batches run as graphs (which hold the gradients' addresses)."""
+    return plan.hardware.device == "cuda" or plan.hardware.cuda_graphs
+
+
+def prebuild_buckets(ddp, width: int, vocab: int) -> None:
+    """DDP's final buckets, built before training, where nothing but the weights is allocated.
+
+    DDP starts with one bucket holding every parameter; after its first exchanging backward it
+    rebuilds the buckets in the order the gradients arrived, at the next forward, holding old
+    and new buckets at once: a second full FP32 gradient (6.9 GB at 1.7B) on top of AdamW's
+    state at update 2 (46.4 GiB measured on an H200). Here one backward of a made-up two-row
+    batch records the real order (the same buckets as training's first backward would give,
+    so PowerSGD's per-bucket draws are those of the plain path), and an exchange pass
+    (`TokenLoss` with no inputs) rebuilds at its forward. Both exchanges are plain all-reduces
+    (no PowerSGD hook is registered yet); the caller zeroes the gradients they leave."""
+    x = made_up_batch((2, width), vocab)
+    device = next(ddp.parameters()).device
+    ddp(**{k: v.to(device) for k, v in x.items()}).sum().backward()
+    ddp(ids=None).backward()
 
 
 def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hook: bool = True):
@@ -107,11 +133,12 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
     one place, and each computes the same function as the plain path. `register_hook=False`:
     the PowerSGD state is made but not registered (resume registers it after a plain pass)."""
     h = plan.hardware
+    static = plan.schedule.micro_batch_tokens > 0  # packed micro-batches: a few fixed shapes
     if h.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if h.compile:
-        compile_layers(model)
-    net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile)
+        compile_layers(model, static_shapes=static)
+    net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile, static_shapes=static)
     if arm == "single":
         return net, None
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -126,6 +153,9 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
     ddp = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
               bucket_cap_mb=plan.powersgd.bucket_cap_mb,
               gradient_as_bucket_view=h.gradient_as_bucket_view)
+    if prebuilds_buckets(plan):
+        prebuild_buckets(ddp, plan.data.max_doc_tokens, model.get_input_embeddings().weight.shape[0])
+        ddp.zero_grad(set_to_none=False)
     state = None
     if arm == "powersgd":
         p = plan.powersgd
@@ -151,6 +181,48 @@ def _cross_zone_bytes(wire: dict) -> float:
     return sum(h["wire_tx"] + h["wire_rx"] for h in wire.values()) if len(wire) > 1 else 0.0
 
 
+def _host_inputs(plan: Plan, mbs: list[batching.MicroBatch], encoded, pad_id: int, device) -> list[dict]:
+    """Each micro-batch's inputs, made on the host before the update's first forward."""
+    if plan.schedule.micro_batch_tokens:
+        return [batching.collate(mb, encoded, pad_id, pin=device.type == "cuda") for mb in mbs]
+    out = []
+    for mb in mbs:
+        ids, att, tgt = collate([encoded[i] for i in mb.docs], pad_id, device)
+        out.append({"ids": ids, "att": att, "tgt": tgt})
+    return out
+
+
+def _accumulate_by_count(net, arm: str, inputs: list[dict], scale: float, autocast, local, phase: list,
+                         where: str) -> None:
+    """Micro-batches of whole documents, the last one through DDP's exchanging backward."""
+    for k, x in enumerate(inputs):
+        phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({x['ids'].shape[0]} x {x['ids'].shape[1]} tokens)"
+        last = k == len(inputs) - 1
+        # Every DDP arm, whatever its world size: without no_sync a world-1 run would
+        # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
+        no_sync = net.no_sync() if (arm != "single" and not last) else contextlib.nullcontext()
+        with no_sync:
+            with autocast:  # the forward only; backward runs in the ops' own dtypes
+                nll = net(x["ids"], x["att"], x["tgt"]).sum()
+            # Sum of token losses over the global batch / its target count; DDP
+            # averages over ranks, so each rank scales by world to undo it.
+            (nll * scale).backward()
+        local += torch.stack([nll.detach().double(), x["tgt"][:, 1:].sum().double(), x["att"].sum().double()])
+
+
+def _accumulate_packed(net, steps: StaticSteps, arm: str, mbs, inputs: list[dict], scale: float, phase: list,
+                       where: str) -> None:
+    """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate;
+    then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no inputs)."""
+    steps.begin_update(scale)
+    for k, (mb, x) in enumerate(zip(mbs, inputs)):
+        phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({mb.shape[0]} rows x {mb.shape[1]} tokens)"
+        steps.run(x, mb.shape)
+    if arm != "single":
+        phase[0] = f"{where}, the gradient exchange"
+        net(ids=None).backward()
+
+
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
           device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
           full_state: FullState | None = None) -> LoopResult:
@@ -164,58 +236,91 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     `full_state`: save a full state every N updates, and/or continue from one: the weights and
     AdamW state are loaded, DDP makes one plain pass (its bucket rebuild, no update) before
     the restored PowerSGD state is registered, each rank's RNG is restored, and the loop
-    goes on from the next update with its running totals."""
+    goes on from the next update with its running totals.
+
+    Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
+    `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
+    phase = ["start-up: the model, its compiled shapes and DDP's buckets"]
+    try:
+        return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
+                      full_state, phase)
+    except torch.OutOfMemoryError as exc:
+        raise DeviceMemoryError(out_of_memory_reason(exc, plan.hardware.max_device_gib, phase[0], device)) from None
+
+
+def _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full_state,
+           phase) -> LoopResult:
     s, o = plan.schedule, plan.optim
+    packed = s.micro_batch_tokens > 0
     max_tok = schedule["max_doc_tokens"]
     encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
     lengths = {i: len(e[0]) for i, e in encoded.items()}
     resume = full_state.resume if full_state else None
     if resume:
         model.load_state_dict(resume["model"])
-    net, psgd_state = wrap_for_arm(model, arm, plan, device, register_hook=resume is None)
     params = [p for p in model.parameters() if p.requires_grad]
+    if packed:  # static steps write into the gradients they saw at start-up: they must exist
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    net, psgd_state = wrap_for_arm(model, arm, plan, device, register_hook=resume is None)
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                             weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
     if resume:
         opt.load_state_dict(resume["optimizer"])
-    # Gradients that are DDP bucket views must stay views: zero them in place. Set to None,
-    # the next micro-batches would accumulate into fresh tensors beside the buckets.
-    grads_to_none = not (arm != "single" and plan.hardware.gradient_as_bucket_view)
+    # Gradients that are DDP bucket views or graph inputs must stay where they are: zero them in
+    # place. Set to None, the next micro-batches would accumulate into fresh tensors beside them.
+    grads_to_none = not packed and not (arm != "single" and plan.hardware.gradient_as_bucket_view)
     shapes = [tuple(p.shape) for p in params]
     dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
     psgd_bytes = logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if plan.hardware.precision == "bf16-autocast"
-                else contextlib.nullcontext())
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    bf16 = plan.hardware.precision == "bf16-autocast"
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    # The main stream only: the PowerSGD error's copies back to the host may run on into the
+    # next update, where they overlap its forward.
+    sync = torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None
     faults = F.from_env()
     res = LoopResult()
     slowest, last_cross = 0.0, 0.0  # for the limits: the next update as slow as the slowest so far
     first = 1
+    inner = net.module if arm != "single" else net
+    steps = None
+    if packed:
+        steps = StaticSteps(inner, device, torch.bfloat16 if bf16 else None, plan.hardware.cuda_graphs,
+                            model.get_input_embeddings().weight.shape[0], log)
     net.train()
     if resume:
         first = resume["loop"]["update"] + 1
         for k in _TOTALS:
             setattr(res, k, resume["loop"][k])
-        if arm != "single":  # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
+        if arm != "single" and not prebuilds_buckets(plan):
+            # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
             mine = rank_share(schedule["updates"][first - 1], rank, world)
-            mb = micro_batches(mine, lengths, s.micro_batch_docs)[0]
-            ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
+            mb = micro_batches(plan, mine, lengths)[0]
+            ids, att, tgt = collate([encoded[i] for i in mb.docs], tokenizer.pad_token_id, device)
             net(ids, att, tgt).sum().backward()
             opt.zero_grad(set_to_none=grads_to_none)
-            if psgd_state is not None:
-                fullstate.restore_powersgd_state(psgd_state, resume["ranks"][rank]["powersgd"], device=device)
-                net.register_comm_hook(psgd_state, hook_for(plan.powersgd.error_feedback, plan.powersgd.hook))
+        if psgd_state is not None:
+            fullstate.restore_powersgd_state(psgd_state, resume["ranks"][rank]["powersgd"], device=device)
+            net.register_comm_hook(psgd_state, hook_for(plan.powersgd.error_feedback, plan.powersgd.hook))
         fullstate.set_rng_state(resume["ranks"][rank]["rng"])
         log(f"[{arm}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
+    if steps is not None:
+        phase[0] = "start-up: compiling and capturing the micro-batch shapes"
+        steps.prepare(batching.shapes(plan.data.max_doc_tokens, s.micro_batch_tokens))
+        opt.zero_grad(set_to_none=False)  # what the made-up start-up batches accumulated
+        res.graphs = {"shapes": len(steps.buffers), "captured": len(steps.graphs), "failed": steps.failed}
     t_start = time.perf_counter()
     for u, update_docs in enumerate(schedule["updates"], start=1):
         if u < first:
             continue  # done before the full state this run resumed from
         if update_sha256(update_docs) != schedule["update_sha256"][u - 1]:
             raise RuntimeError(f"schedule entry {u} does not match its registered hash")
+        where = f"update {u} of {len(schedule['updates'])}"
+        phase[0] = where
         n_global = schedule["target_tokens"][u - 1]
         mine = rank_share(update_docs, rank, world)
-        mbs = micro_batches(mine, lengths, s.micro_batch_docs)
+        mbs = micro_batches(plan, mine, lengths)
         for g in opt.param_groups:
             g["lr"] = _lr(plan, u)
         faults.update_start(u, rank)
@@ -224,21 +329,18 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             res.wire_first = wire0  # where the startup phase ends (metering)
         with Clock(sync) as clock:
             faults.during_update(rank)
-            local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
-            for k, mb in enumerate(mbs):
-                ids, att, tgt = collate([encoded[i] for i in mb], tokenizer.pad_token_id, device)
-                last = k == len(mbs) - 1
-                # Every DDP arm, whatever its world size: without no_sync a world-1 run would
-                # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
-                no_sync = net.no_sync() if (arm != "single" and not last) else contextlib.nullcontext()
-                with no_sync:
-                    with autocast:  # the forward only; backward runs in the ops' own dtypes
-                        nll = net(ids, att, tgt).sum()
-                    # Sum of token losses over the global batch / its target count; DDP
-                    # averages over ranks, so each rank scales by world to undo it.
-                    (nll * (world / n_global)).backward()
-                local += torch.stack([nll.detach().double(), tgt[:, 1:].sum().double(),
-                                      att.sum().double()])
+            inputs = _host_inputs(plan, mbs, encoded, tokenizer.pad_token_id, device)
+            if psgd_state is not None:  # the host error's first buckets travel during the micro-batches
+                prefetch_errors(psgd_state)
+            # Sum of token losses over the global batch / its target count; DDP averages over
+            # ranks, so each rank scales by world to undo it.
+            scale = world / n_global
+            if steps is not None:
+                _accumulate_packed(net, steps, arm, mbs, inputs, scale, phase, where)
+                local = steps.local
+            else:
+                local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
+                _accumulate_by_count(net, arm, inputs, scale, autocast, local, phase, where)
             if world > 1:
                 dist.all_reduce(local)
             # Reads the loss back from the device: the step's one host sync.
@@ -250,6 +352,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             loss = faults.loss(u, loss)
             if not math.isfinite(loss):
                 raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {arm}")
+            phase[0] = f"{where}, the clip and the optimizer step"
             grad_norm = torch.nn.utils.clip_grad_norm_(params, o.clip_norm).item()
             if not math.isfinite(grad_norm):  # never let a non-finite gradient reach the weights
                 raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "

@@ -148,21 +148,31 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
 class _ErrorCopies:
     """The FP32 error's trips between pinned host memory and the GPU, on two side streams.
 
-    In: a bucket's error is copied up on `up` while the previous bucket is compressed, and
-    the compute stream waits for it by event only. Out: the new error goes down on `down`
-    after the compute stream's event; its device memory is freed once the copy is done
-    (record_stream). At most `staging_bytes` of outgoing error is in flight: beyond that the
-    hook waits (on the host) for the oldest copy, so device memory stays bounded whatever the
-    link's speed. Host copies are ordered: a bucket's next copy up waits for its last copy down.
+    In: a bucket's error is copied up on `up` ahead of its hook, and the compute stream waits for
+    it by event only. The first buckets' errors go up at the start of the update, during its
+    micro-batches (`prefetch_errors`); each hook then tops up the buckets after its own. Out: the
+    new error goes down on `down` after the compute stream's event; its device memory is freed
+    once the copy is done (record_stream), and the last copies of an update run on into the
+    next one's micro-batches. Errors on the device in either direction, together, stay within
+    `staging_bytes`: beyond that nothing more is fetched, and a hook waits (on the host) for
+    its oldest copy down, so device memory stays bounded whatever the link's speed. Host copies
+    are ordered: a bucket's next copy up waits for its last copy down.
     """
 
     def __init__(self, device: torch.device, staging_bytes: int):
+        self.device = device
         self.up = torch.cuda.Stream(device)
         self.down = torch.cuda.Stream(device)
         self.staging_bytes = staging_bytes
         self.prefetched: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
         self.down_done: dict[int, torch.cuda.Event] = {}
         self.in_flight: list[tuple[torch.cuda.Event, int]] = []
+        self.fetched_early = 0  # bytes fetched before their hook's call, this update
+
+    def _held(self) -> int:
+        self.in_flight = [(e, n) for e, n in self.in_flight if not e.query()]  # query: no sync
+        return sum(n for _, n in self.in_flight) + sum(t.numel() * t.element_size()
+                                                      for t, _ in self.prefetched.values())
 
     def fetch(self, index: int, host: torch.Tensor, dtype: torch.dtype, device) -> None:
         if index in self.prefetched:
@@ -175,6 +185,21 @@ class _ErrorCopies:
             ev = torch.cuda.Event()
             ev.record(self.up)
         self.prefetched[index] = (dev, ev)
+
+    def top_up(self, host_error: dict[int, torch.Tensor], start: int, device, early: bool = False) -> None:
+        """Fetch buckets start, start + 1, ... (the order DDP calls the hook in) while the
+        staging budget allows."""
+        index = start
+        while index in host_error:
+            host = host_error[index]
+            if index not in self.prefetched:
+                size = host.numel() * host.element_size()
+                if self._held() + size > self.staging_bytes:
+                    return
+                self.fetch(index, host, host.dtype, device)
+                if early:
+                    self.fetched_early += size
+            index += 1
 
     def take(self, index: int) -> torch.Tensor:
         dev, ev = self.prefetched.pop(index)
@@ -192,12 +217,24 @@ class _ErrorCopies:
             ev.record(self.down)
         dev.record_stream(self.down)
         self.down_done[index] = ev
-        self.in_flight = [(e, n) for e, n in self.in_flight if not e.query()]  # query: no sync
+        self._held()  # drops finished copies
         self.in_flight.append((ev, dev.numel() * dev.element_size()))
-        while len(self.in_flight) > 1 and sum(n for _, n in self.in_flight) > self.staging_bytes:
+        while len(self.in_flight) > 1 and self._held() > self.staging_bytes:
             # A host-side wait: the allocator frees a block recorded on `down` only once its
             # copy is done, so a GPU-side wait alone would let the CPU run ahead and allocate.
             self.in_flight.pop(0)[0].synchronize()
+
+
+def prefetch_errors(state) -> int:
+    """At the start of an update that will compress: send the first buckets' host errors up to the
+    GPU during the micro-batches, as far as the fast hook's staging budget allows. Returns the
+    bytes sent (0 where nothing is staged: another hook, the CPU, or a warm-up update)."""
+    copies = getattr(state, "_copies", None)
+    if copies is None or state.iter < state.start_powerSGD_iter or not state.host_error:
+        return 0
+    copies.fetched_early = 0
+    copies.top_up(state.host_error, 0, copies.device, early=True)
+    return copies.fetched_early
 
 
 def _cholesky_qr2(x: torch.Tensor) -> None:
@@ -256,16 +293,14 @@ def fast_host_error_powerSGD_hook(
     else:
         check_error_size(index, host, buffer)
         if copies is not None:
-            copies.fetch(index, host, buffer.dtype, buffer.device)
-            work = copies.take(index)
+            copies.fetch(index, host, buffer.dtype, buffer.device)  # at once, unless fetched early
+            work = copies.take(index).to(buffer.dtype)  # fetched early in the host's FP32
         else:
             work = host.to(dtype=buffer.dtype)  # the CPU: host error is the working copy
         buffer.add_(work)
         work.copy_(buffer)
-    if copies is not None:  # the next bucket's error travels up while this one is compressed
-        nxt = state.host_error.get(index + 1)
-        if nxt is not None and not bucket.is_last():
-            copies.fetch(index + 1, nxt, buffer.dtype, buffer.device)
+    if copies is not None and not bucket.is_last():  # the next buckets' errors travel up while this one is compressed
+        copies.top_up(state.host_error, index + 1, buffer.device)
 
     # Upstream's split and order: compressed matrices grouped by shape in first-seen order.
     groups: dict[torch.Size, list[torch.Tensor]] = {}

@@ -47,6 +47,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from gradshare.plan import plan_from_dict
     from gradshare.sources import set_determinism
     from gradshare.train.loop import train
+    from gradshare.train.memory import cap_device_memory
 
     t_wall = time.perf_counter()
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
@@ -64,6 +65,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     if world != expected:
         raise RuntimeError(f"arm {arm} needs {expected} processes, launched with {world}")
     set_determinism(plan.hardware.deterministic)
+    # Before the model exists: an arm that would not fit the study's card fails here too.
+    cap_device_memory(plan.hardware.max_device_gib, device)
     torch.manual_seed(plan.study.seed)
     tokenizer = load_tokenizer(workdir / "tokenizer")
     model = seed_model(plan, workdir, device)
@@ -166,9 +169,10 @@ def main(argv=None) -> None:
         run(workdir, args.arm, args.run_id or None)
     except BaseException as exc:
         from gradshare.train.loop import LimitStop
+        from gradshare.train.memory import DeviceMemoryError
 
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
-        if isinstance(exc, LimitStop):  # `deadline: ...` / `budget: ...`, as the run's reason
+        if isinstance(exc, (LimitStop, DeviceMemoryError)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"
