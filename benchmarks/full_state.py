@@ -4,7 +4,7 @@ for each arm, and whether a resumed run continues exactly.
     python benchmarks/full_state.py --out $OUT/full_state.json       # H200, 1.7B shape: ~5 minutes
     python benchmarks/full_state.py --profile tiny --out r.json      # CPU, the tiny model: seconds
 
-For each arm (world size 1, as `benchmarks/arms_one_gpu.py`: DDP over a one-rank group for
+For each arm (world size 1, as `benchmarks/gpu_path.py`: DDP over a one-rank group for
 dense and powersgd) the production loop (`gradshare.train.loop.train`, random weights)
 runs 5 updates with a full state saved after update 3 (PowerSGD's warm-up is 2 exchanges,
 so its FP32 error feedback is in it), then the state is loaded and a second loop resumes
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 UPDATES = 5
 SAVE_AFTER = 3
@@ -32,20 +31,18 @@ SAVE_AFTER = 3
 def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control_run: bool = False) -> dict:
     import torch
 
-    import arms_one_gpu as A
+    from benchmarks import workloads as W
     from gradshare.model import build_model, model_config
     from gradshare.sources import set_determinism
     from gradshare.train import fullstate
     from gradshare.train.loop import FullState, train
 
-    extra = dict(A.CONFIGS["powersgd-fast-qr" if arm == "powersgd" else arm][1])
-    extra["powersgd.warmup_updates"] = "2"
-    extra["hardware.compile"] = "false"  # what is measured is the state, not the update speed
-    extra["hardware.deterministic"] = "true"  # so that "resumed = straight" can be asked bit for bit
-    plan = A.plan_for(profile, UPDATES, extra)
+    extra = {"hardware.compile": "false",  # what is measured is the state, not the update speed
+             "hardware.deterministic": "true"}  # so that "resumed = straight" can be asked bit for bit
+    plan = W.bench_plan(profile, extra, UPDATES)
     set_determinism(plan.hardware.deterministic)
-    docs = {d["id"]: d for d in docs[:UPDATES * A.DOCS_PER_UPDATE]}
-    schedule = A.schedule_for(tokenizer, docs, UPDATES, plan.study.seed)
+    docs = {d["id"]: d for d in docs[:UPDATES * W.DOCS_PER_UPDATE]}
+    schedule = W.schedule_for(tokenizer, docs, UPDATES, plan.study.seed)
     cfg = model_config(plan.model.config) if profile == "full" else model_config(plan.model.config, len(tokenizer))
     quiet = lambda *a: None  # noqa: E731
     saved = {}
@@ -59,7 +56,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
           full_state=FullState(every=SAVE_AFTER, root=root, on_saved=on_saved))
     straight = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     del model
-    A._release(device.type == "cuda")
+    _release(device.type == "cuda")
     t0 = time.perf_counter()
     state = fullstate.load(saved["path"], 1)
     load_s = time.perf_counter() - t0
@@ -70,7 +67,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     control = None
     if control_run:  # a second uninterrupted run: how far two straight runs already differ here
         del model
-        A._release(device.type == "cuda")
+        _release(device.type == "cuda")
         model = build_model(cfg, plan.study.seed, device)
         train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet)
         control = max((straight[k] - v.detach().float().cpu()).abs().max().item() for k, v in model.state_dict().items())
@@ -81,9 +78,22 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
            "straight_twice_max_abs_diff": control,
            "params": params}
     del model, state
-    A._release(device.type == "cuda")
+    _release(device.type == "cuda")
     shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def _release(cuda: bool) -> None:
+    # DDP and its hooks form reference cycles: without a collection an arm's model, buckets
+    # and optimizer state stay allocated into the next one.
+    import gc
+
+    import torch
+
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def main(argv=None) -> None:
@@ -100,7 +110,7 @@ def main(argv=None) -> None:
     import torch
     import torch.distributed as dist
 
-    import arms_one_gpu as A
+    from benchmarks import workloads as W
     from gradshare.data.tokenizer import load_tokenizer, train_bpe
 
     cuda = torch.cuda.is_available() and args.profile == "full"
@@ -110,7 +120,7 @@ def main(argv=None) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29519")
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    docs = A.documents(UPDATES * A.DOCS_PER_UPDATE, 7)
+    docs = W.stand_in_documents(UPDATES * W.DOCS_PER_UPDATE, 7)
     base = Path(args.dir or tempfile.mkdtemp(prefix="gradshare-fullstate-"))
     train_bpe([d["target"] for d in docs], 4096, base / "tokenizer")
     tokenizer = load_tokenizer(base / "tokenizer")

@@ -201,9 +201,10 @@ def paired_metrics(v: dict) -> dict[str, float]:
     return out
 
 
-# --- benchmarks/arms_one_gpu.py: one MLflow run per benchmark call ---
+# --- benchmarks/gpu_path.py: one MLflow run per benchmark call ---
 BENCH_MATMUL_TFLOPS = "perf/bench_bf16_matmul_tflops"  # the bf16 matrix rate measured in the same call
-BENCH_FIGURES = ("step_s", "tokens_per_s", "mfu", "peak_gib", "extra_over_dense_s", "error_copy_gpu_s")
+BENCH_FIGURES = ("step_s", "tokens_per_s", "mfu", "peak_gib", "peak_reserved_gib", "extra_over_dense_s",
+                 "compiles_after_3", "startup_s")
 
 
 def bench(config: str, figure: str) -> str:

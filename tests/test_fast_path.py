@@ -6,7 +6,7 @@
   Householder QR and with CholeskyQR2;
 - the chunked cross-entropy gives the plain token losses and their gradients.
 The GPU side of the same checks (CUDA streams, pinned copies) runs in
-`benchmarks/arms_one_gpu.py` and is recorded in BENCHMARKS.md.
+`benchmarks/gpu_configs.py` (calibrate) and is recorded in BENCHMARKS.md.
 """
 from datetime import timedelta
 
@@ -174,7 +174,8 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks.arms_one_gpu import DOCS_PER_UPDATE, documents, plan_for, schedule_for
+    from benchmarks.workloads import DOCS_PER_UPDATE, bench_plan, schedule_for
+    from benchmarks.workloads import stand_in_documents as documents
     from gradshare.data.tokenizer import load_tokenizer, train_bpe
     from gradshare.model import build_model, model_config
     from gradshare.train.loop import train
@@ -183,7 +184,7 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     docs = documents(updates * DOCS_PER_UPDATE, 7)
     train_bpe([d["target"] for d in docs], 512, tmp_path / "tok")
     tok = load_tokenizer(tmp_path / "tok")
-    plan = plan_for("tiny", updates, {})  # warm-up 2: the third update is compressed
+    plan = bench_plan("tiny", {}, updates)  # warm-up 2: the third update is compressed
     by_id = {d["id"]: d for d in docs}
     schedule = schedule_for(tok, by_id, updates, plan.study.seed)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)

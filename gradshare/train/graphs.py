@@ -92,7 +92,9 @@ class StaticSteps:
                         self._step(b)
                 torch.cuda.current_stream(self.device).wait_stream(self.stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                # thread_local: the process group's watchdog and the host allocator query events
+                # from threads of their own while this thread captures
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
                     self._step(b)
                 self.graphs[shape] = graph
             except Exception as exc:  # the same function runs eagerly; the reason is kept and logged
@@ -101,6 +103,9 @@ class StaticSteps:
                               f"{(str(exc).splitlines() or [''])[0][:300]}"
                 self.graphs.clear()
                 self.log(f"[gradshare] CUDA graphs off, micro-batches run eagerly: {self.failed}")
+        if self.capture:  # the warm-ups' blocks, cached for the side stream, back to the card
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
         self.local.zero_()
 
     def begin_update(self, scale: float) -> None:

@@ -51,6 +51,7 @@ class LoopResult:
     wire_first: list = field(default_factory=list)  # every rank's counters as update 1 starts
     hook_passes: int | None = None  # PowerSGD state's exchange count: one per update
     graphs: dict | None = None  # packed micro-batches: shapes prepared, graphs captured, why not
+    error_prefetched_bytes: int = 0  # PowerSGD host error sent up during the micro-batches
 
 
 @dataclass
@@ -331,7 +332,7 @@ def _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_
             faults.during_update(rank)
             inputs = _host_inputs(plan, mbs, encoded, tokenizer.pad_token_id, device)
             if psgd_state is not None:  # the host error's first buckets travel during the micro-batches
-                prefetch_errors(psgd_state)
+                res.error_prefetched_bytes += prefetch_errors(psgd_state)
             # Sum of token losses over the global batch / its target count; DDP averages over
             # ranks, so each rank scales by world to undo it.
             scale = world / n_global
