@@ -50,6 +50,8 @@ CONFIGS = {
     "single-by-count": ("study", "single", BY_COUNT),
     "powersgd-by-count": ("study", "powersgd", BY_COUNT),
     "single-4096": ("study", "single", {"schedule.micro_batch_tokens": "4096"}),
+    "powersgd-4096": ("study", "powersgd", {"schedule.micro_batch_tokens": "4096"}),
+    "single-512-4096": ("stand-in-512", "single", {"schedule.micro_batch_tokens": "4096"}),
     "powersgd-staging-4096": ("study", "powersgd", {"powersgd.staging_mb": "4096"}),
     "ref-single": ("study", "ref-single", {}),
     "ref-dense": ("study", "ref-dense", {}),
@@ -164,12 +166,11 @@ def bench_reference(name: str, workdir: Path, updates: int, device, smoke: bool 
 
     from gradshare.data.documents import encode
     from gradshare.model import collate, token_losses
-    from gradshare.train.memory import cap_device_memory
 
     workload, arm, _ = CONFIGS[name]
     plan = _plan({}, smoke)
     cuda = device.type == "cuda"
-    cap_device_memory(plan.hardware.max_device_gib, device)
+    # No cap: a baseline, not an arm; its peak says whether it would fit the study's card.
     docs, tokenizer, schedule = workloads.load(workload, workdir, updates)
     model = _model(plan, tokenizer, device)
     net = model if arm == "ref-single" else DDP(model, device_ids=[device.index] if cuda else None,
@@ -203,7 +204,7 @@ def bench_reference(name: str, workdir: Path, updates: int, device, smoke: bool 
         rows.append({"update": u, "step_s": time.perf_counter() - t_u, "tokens": n_tok, "loss": value,
                      **_peaks(device), "at_s": time.perf_counter() - t0})
     return {"config": name, "workload": workload, "arm": arm, "rows": rows, "wall_s": time.perf_counter() - t0,
-            "params": sum(p.numel() for p in model.parameters()), "cap_gib": plan.hardware.max_device_gib}
+            "params": sum(p.numel() for p in model.parameters()), "cap_gib": None}
 
 
 def matmul_tflops(device) -> float:

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_configs, workloads  # noqa: E402
 
-ORDER = ("single", "dense", "powersgd", "single-no-graphs", "single-by-count", "powersgd-by-count",
-         "ref-single", "single-512", "dense-512", "powersgd-512", "single-512-by-count", "ref-single-512",
-         "single-cap-30", "single-4096", "powersgd-staging-4096", "ref-dense")
+ORDER = ("single", "dense", "powersgd", "single-cap-30", "single-no-graphs", "single-by-count", "ref-single",
+         "single-512", "dense-512", "powersgd-512", "single-512-by-count", "single-4096", "single-512-4096",
+         "powersgd-4096", "ref-single-512", "powersgd-by-count", "powersgd-staging-4096", "ref-dense")
 DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-4096": "dense",
-            "powersgd-by-count": "dense"}
+            "powersgd-by-count": "dense", "powersgd-4096": "dense"}
 
 
 def summarise(r: dict, updates: int) -> dict:

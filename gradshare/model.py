@@ -246,6 +246,8 @@ class TokenLoss(torch.nn.Module):
         if self._nll_fn is not None:
             try:
                 return _chunked_token_losses(self.lm, ids, att, tgt, self.chunk_tokens, self._nll_fn, pos=pos)
+            except torch.OutOfMemoryError:
+                raise  # memory, not the compiler: the eager path would need more
             except Exception as exc:  # a compiler failure must not stop a run: the eager path is the same function
                 import warnings
                 warnings.warn(f"compiled loss failed, using the eager one: {type(exc).__name__}: {exc}")

@@ -59,7 +59,6 @@ class StaticSteps:
         self.buffers: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.failed: str | None = None
-        self.stream = torch.cuda.Stream(device) if self.capture else None
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def _autocast(self):
@@ -86,17 +85,19 @@ class StaticSteps:
                 self._step(b)  # compiles this shape where the layers are compiled
                 continue
             try:
-                self.stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(self.stream):
-                    for _ in range(WARMUP_RUNS):
-                        self._step(b)
-                torch.cuda.current_stream(self.device).wait_stream(self.stream)
+                # The training loop's own stream (`loop.train` runs on one that is not the
+                # default): warm-ups and capture where DDP's gradient accumulations were made.
+                stream = torch.cuda.current_stream(self.device)
+                for _ in range(WARMUP_RUNS):
+                    self._step(b)
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: the process group's watchdog and the host allocator query events
                 # from threads of their own while this thread captures
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
                     self._step(b)
                 self.graphs[shape] = graph
+            except torch.OutOfMemoryError:
+                raise  # the arm does not fit: its reason, not an eager fallback that needs more
             except Exception as exc:  # the same function runs eagerly; the reason is kept and logged
                 torch.cuda.synchronize(self.device)
                 self.failed = f"capture of micro-batch shape {shape} failed: {type(exc).__name__}: " \

@@ -242,11 +242,21 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
     `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
     phase = ["start-up: the model, its compiled shapes and DDP's buckets"]
+    # On a GPU everything from DDP's construction on runs on one stream of its own: a CUDA graph
+    # is captured on a stream other than the default one, and the gradient accumulations DDP
+    # creates at its construction run on the stream they were made on.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(device))  # the model's initialisation
     try:
-        return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-                      full_state, phase)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
+                          full_state, phase)
     except torch.OutOfMemoryError as exc:
         raise DeviceMemoryError(out_of_memory_reason(exc, plan.hardware.max_device_gib, phase[0], device)) from None
+    finally:
+        if stream is not None:  # what follows (the checkpoint) reads the trained weights
+            torch.cuda.current_stream(device).wait_stream(stream)
 
 
 def _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full_state,
