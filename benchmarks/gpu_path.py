@@ -29,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_configs, workloads  # noqa: E402
 
-ORDER = ("single", "dense", "powersgd", "single-cap-30", "single-no-graphs", "single-by-count", "ref-single",
-         "single-512", "dense-512", "powersgd-512", "single-512-by-count", "single-4096", "single-512-4096",
-         "powersgd-4096", "ref-single-512", "powersgd-by-count", "powersgd-staging-4096", "ref-dense")
-DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-4096": "dense",
-            "powersgd-by-count": "dense", "powersgd-4096": "dense"}
+ORDER = ("single", "dense", "powersgd", "powersgd-cholqr2", "powersgd-cholqr2-staging-2048", "single-cap-30",
+         "single-no-graphs", "ref-single", "single-512", "dense-512", "powersgd-512",
+         "powersgd-512-cholqr2-staging-2048", "single-by-count", "single-512-by-count", "single-4096",
+         "powersgd-staging-2048", "single-512-4096", "ref-single-512", "powersgd-by-count", "ref-dense")
+DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-2048": "dense",
+            "powersgd-by-count": "dense", "powersgd-4096": "dense", "powersgd-cholqr2": "dense",
+            "powersgd-cholqr2-staging-2048": "dense", "powersgd-512-cholqr2-staging-2048": "dense-512"}
 
 
 def summarise(r: dict, updates: int) -> dict:
@@ -143,6 +145,23 @@ def table_rows(data: dict) -> list[dict]:
     return rows
 
 
+SAME_UPDATES = (("single", "single-no-graphs"), ("single", "single-by-count"), ("single-512", "single-512-by-count"),
+                ("dense", "single"), ("powersgd-cholqr2", "powersgd"))
+
+
+def loss_agreement(data: dict) -> list[str]:
+    """The same updates by two paths from the same initial weights: the largest relative
+    difference of their losses (bf16 autocast: ~1e-3 is rounding)."""
+    res = {r["config"]: r for r in data["results"] if r.get("rows")}
+    out = []
+    for a, b in SAME_UPDATES:
+        if a in res and b in res:
+            la, lb = [x["loss"] for x in res[a]["rows"]], [x["loss"] for x in res[b]["rows"]]
+            worst = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
+            out.append(f"{a} vs {b} {worst:.1e}")
+    return out
+
+
 def markdown(data: dict) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -161,7 +180,9 @@ def markdown(data: dict) -> str:
             f"{f(copies.get('d2h'), '.1f')}, both at once {f(copies.get('both'), '.1f')}: the FP32 error's round trip "
             f"(2 x {f(params and 4 * params / 1e9, '.2f')} GB per update) has a floor of {f(floor, '.3f')} s. "
             f"Fast hook vs upstream `powerSGD_hook` on the same gradients (relative L2, worst exchange): "
-            + ", ".join(f"{k} {f(max(v), '.1e')}" for k, v in num.items()) + ".\n\n")
+            + ", ".join(f"{k} {f(max(v), '.1e')}" for k, v in num.items()) + ". The same updates' losses by "
+            f"two paths (largest relative difference over the {e['updates']} updates): "
+            + (", ".join(loss_agreement(data)) or "-") + ".\n\n")
     out = [head]
     for workload in workloads.WORKLOADS:
         rows = [r for r in table_rows(data) if r["workload"] == workload]

@@ -31,7 +31,7 @@ SEED = 4321
 WARMUP = 3
 EXCHANGES = 9
 WIDTH = 160  # (160, 160) compresses at ranks 8 and 32; several of them share a bucket
-VARIANTS = ("upstream", "qr", "cholesky-qr2")
+VARIANTS = ("upstream", "qr", "cholesky-qr2", "qr-pool")
 RANKS = (8, 32)
 
 
@@ -63,8 +63,10 @@ def _run(variant: str, matrix_rank: int) -> dict:
                               use_error_feedback=True, warm_start=True, random_seed=SEED)
         ddp.register_comm_hook(state, _upstream_in_order)
     else:
+        pool = sum(p.numel() for p in model.parameters()) if variant == "qr-pool" else 0
         state = make_powersgd_state(None, matrix_rank, WARMUP, True, "fp32-host", 2.0, SEED,
-                                    hook="fast", orthogonalization=variant)
+                                    hook="fast", orthogonalization=variant.removesuffix("-pool"),
+                                    host_error_numel=pool)
         ddp.register_comm_hook(state, hook_for("fp32-host", "fast"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     grads, device_errors, host_buckets = [], [], []
@@ -78,7 +80,10 @@ def _run(variant: str, matrix_rank: int) -> dict:
         opt.step()
     return {"grads": grads, "iter": state.iter, "device_errors": device_errors,
             "host_buckets": host_buckets,
-            "numel": (state.total_numel_before_compression, state.total_numel_after_compression)}
+            "numel": (state.total_numel_before_compression, state.total_numel_after_compression),
+            "in_pool": [getattr(state, "_host_pool", None) is not None
+                        and t.untyped_storage().data_ptr() == state._host_pool.untyped_storage().data_ptr()
+                        for _, t in sorted(getattr(state, "host_error", {}).items())]}
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -97,14 +102,14 @@ def two_ranks(tmp_path_factory):
     return run_two_ranks(_worker, out_dir, WORLD, "fast-path")
 
 
-@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2"])
+@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2", "qr-pool"])
 @pytest.mark.parametrize("matrix_rank", RANKS)
 def test_fast_hook_gives_upstreams_gradients_at_every_exchange(two_ranks, matrix_rank, variant):
     for rank, res in enumerate(two_ranks):
         up, fast = res[matrix_rank]["upstream"], res[matrix_rank][variant]
         # QR: the same per-matrix Householder QR, batched; CholeskyQR2: the same Q up to
         # column signs and FP32 rounding, which P Q^T does not see.
-        tol = dict(rtol=1e-5, atol=1e-6) if variant == "qr" else dict(rtol=1e-4, atol=1e-5)
+        tol = dict(rtol=1e-5, atol=1e-6) if variant != "cholesky-qr2" else dict(rtol=1e-4, atol=1e-5)
         for step, (g_up, g_fast) in enumerate(zip(up["grads"], fast["grads"])):
             torch.testing.assert_close(g_fast, g_up, **tol,
                                        msg=lambda m: f"rank {rank} exchange {step + 1}: {m}")
@@ -113,6 +118,16 @@ def test_fast_hook_gives_upstreams_gradients_at_every_exchange(two_ranks, matrix
     # the exchange really averaged, and really compressed (it differs from the rank's own mean)
     torch.testing.assert_close(two_ranks[0][matrix_rank][variant]["grads"][-1],
                                two_ranks[1][matrix_rank][variant]["grads"][-1])
+
+
+@pytest.mark.parametrize("matrix_rank", RANKS)
+def test_the_host_error_allocated_at_start_up_holds_every_bucket(two_ranks, matrix_rank):
+    """qr-pool: the whole error allocated with the state (pinned on a GPU, at start-up, not in
+    the first compressed update); every bucket's error is a piece of it, and the gradients are
+    upstream's (the test above)."""
+    pooled, plain = two_ranks[0][matrix_rank]["qr-pool"], two_ranks[0][matrix_rank]["qr"]
+    assert len(pooled["in_pool"]) > 1 and all(pooled["in_pool"])
+    assert not any(plain["in_pool"])
 
 
 @pytest.mark.parametrize("matrix_rank", RANKS)

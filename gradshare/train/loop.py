@@ -160,10 +160,13 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
     state = None
     if arm == "powersgd":
         p = plan.powersgd
+        # a fresh GPU run pins its whole host error now (a resumed one brings its own)
+        pool = sum(q.numel() for q in model.parameters() if q.requires_grad) \
+            if (device.type == "cuda" and register_hook and p.hook == "fast") else 0
         state = make_powersgd_state(dist.group.WORLD, p.rank, p.warmup_updates, p.warm_start,
                                     p.error_feedback, p.min_compression_rate, plan.study.seed,
                                     hook=p.hook, orthogonalization=p.orthogonalization,
-                                    staging_mb=p.staging_mb)
+                                    staging_mb=p.staging_mb, host_error_numel=pool)
         if register_hook:
             ddp.register_comm_hook(state, hook_for(p.error_feedback, p.hook))
     return ddp, state

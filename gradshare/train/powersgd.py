@@ -126,13 +126,29 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
     """State of `fast_host_error_powerSGD_hook`: upstream's slots (rank, iter, P/Q memories,
     RNG) plus the host error, the orthogonalisation, and the CUDA copy streams (not pickled)."""
 
-    def __init__(self, *args, orthogonalization: str = "qr", staging_mb: int = 1024, **kwargs):
+    def __init__(self, *args, orthogonalization: str = "qr", staging_mb: int = 1024, host_error_numel: int = 0,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         if orthogonalization not in ORTHOGONALIZATIONS:
             raise ValueError(f"orthogonalization={orthogonalization!r} is not one of {ORTHOGONALIZATIONS}")
         self.orthogonalization = orthogonalization
         self.staging_bytes = staging_mb * 2**20
         self._copies = None  # _ErrorCopies, made at the first compressed CUDA pass
+        # The whole FP32 host error, pinned, allocated now, at start-up: pinning 6.9 GB took 6 s
+        # on the H200's host, which made the first compressed update 6 s long (2026-12-04).
+        # Buckets take consecutive pieces at the first compressed pass, in index order.
+        self._host_pool = (torch.zeros(host_error_numel, dtype=torch.float32,
+                                       pin_memory=torch.cuda.is_available()) if host_error_numel else None)
+        self._pool_at = 0
+
+    def new_host_error(self, numel: int, pin: bool) -> torch.Tensor:
+        """A bucket's FP32 host error: the next piece of the start-up pool where it has room, else
+        a fresh (zeroed: the host touches every page now, not at the first copy) tensor."""
+        pool = self._host_pool
+        if pool is not None and self._pool_at + numel <= pool.numel():
+            self._pool_at += numel
+            return pool[self._pool_at - numel:self._pool_at]
+        return torch.zeros(numel, dtype=torch.float32, device="cpu", pin_memory=pin)
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -143,6 +159,7 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._copies = None
+        self._host_pool, self._pool_at = None, 0  # a restored state brings its error with it
 
 
 class _ErrorCopies:
@@ -372,8 +389,7 @@ def fast_host_error_powerSGD_hook(
 
     work.sub_(buffer)  # the new error: bucket plus old error, minus what was communicated
     if host is None or host.shape != work.shape:
-        # zeros, not empty: the host touches every page once here, not the first copy
-        host = torch.zeros(work.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
+        host = state.new_host_error(work.numel(), pin=cuda)
         state.host_error[index] = host
     if copies is not None:
         copies.store(index, work, host)
@@ -391,7 +407,7 @@ def fast_host_error_powerSGD_hook(
 def make_powersgd_state(process_group, rank: int, warmup_updates: int, warm_start: bool,
                         error_feedback: str, min_compression_rate: float,
                         seed: int, hook: str = "upstream", orthogonalization: str = "qr",
-                        staging_mb: int = 1024) -> PowerSGDState:
+                        staging_mb: int = 1024, host_error_numel: int = 0) -> PowerSGDState:
     """The arm's PowerSGD state; `error_feedback` is `fp32-host`, `device` or `none`.
 
     Exchanges (DDP hook passes, one per update) 1..warmup_updates are plain all-reduce,
@@ -422,7 +438,7 @@ def make_powersgd_state(process_group, rank: int, warmup_updates: int, warm_star
         if error_feedback != "fp32-host":
             raise ValueError(f"hook=fast keeps the error on the host: error_feedback={error_feedback!r}")
         return FastHostErrorPowerSGDState(orthogonalization=orthogonalization, staging_mb=staging_mb,
-                                          **kwargs)
+                                          host_error_numel=host_error_numel, **kwargs)
     if error_feedback == "fp32-host":
         return HostErrorPowerSGDState(**kwargs)
     return PowerSGDState(**kwargs)
