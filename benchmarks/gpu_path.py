@@ -29,10 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_configs, workloads  # noqa: E402
 
-ORDER = ("single", "dense", "powersgd", "powersgd-cholqr2", "powersgd-cholqr2-staging-2048", "single-cap-30",
-         "single-no-graphs", "ref-single", "single-512", "dense-512", "powersgd-512",
-         "powersgd-512-cholqr2-staging-2048", "single-by-count", "single-512-by-count", "single-4096",
-         "powersgd-staging-2048", "single-512-4096", "ref-single-512", "powersgd-by-count", "ref-dense")
+# Essential first: every arm, the cap's reason, each lever off (graphs, packing), the reference;
+# then the stand-ins; then the variants measured and not taken (BENCHMARKS.md, 2026-12-04).
+ORDER = ("single", "dense", "powersgd", "single-cap-30", "single-no-graphs", "single-by-count", "ref-single",
+         "single-512", "dense-512", "powersgd-512", "single-512-by-count", "powersgd-cholqr2",
+         "powersgd-cholqr2-staging-2048", "powersgd-512-cholqr2-staging-2048", "single-4096", "single-512-4096",
+         "powersgd-staging-2048", "ref-single-512", "powersgd-by-count", "ref-dense")
 DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-2048": "dense",
             "powersgd-by-count": "dense", "powersgd-4096": "dense", "powersgd-cholqr2": "dense",
             "powersgd-cholqr2-staging-2048": "dense", "powersgd-512-cholqr2-staging-2048": "dense-512"}

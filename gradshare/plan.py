@@ -373,18 +373,19 @@ PROFILES: dict[str, dict[str, str]] = {
         "arms.startup_s": "1200",
         "arms.expected_startup_s": "300",
         "scoring.batch_size": "128",
-        # The H200 trace of 4 x 512-token micro-batches was bound by kernel launches;
-        # 8 documents per micro-batch halves them (not yet measured).
+        # Where documents are not packed (micro_batch_tokens=0): 8 per micro-batch.
         "schedule.micro_batch_docs": "8",
-        # The study's documents (median 3,400 tokens per update: ~30-token tasks and
-        # conversations up to 512) packed into rows of 512: 4 rows per micro-batch, ~1/4 of the
-        # activations of 8 x 512 padded documents, so that the host-resident error has room
-        # on the device while it travels (BENCHMARKS.md, the study's own workload).
+        # The study's documents (median ~3,400 tokens per update: ~30-token tasks, conversations
+        # up to 512) packed into rows of 512, at most 4 rows per micro-batch, each shape captured
+        # as a CUDA graph: single 0.136 s/update on an H200 (0.512 s with 8 whole documents per
+        # micro-batch, 0.168 s packed without graphs), 35.3 GiB reserved under the 44 GiB cap.
+        # 4,096 tokens: 0.122 s but 42.1 GiB, no room for PowerSGD's arm (BENCHMARKS.md, 2026-12-04).
         "schedule.micro_batch_tokens": "2048",
         "hardware.cuda_graphs": "true",
         "hardware.max_device_gib": "44",
-        # Speed levers measured in benchmarks/arms_one_gpu.py (BENCHMARKS.md); each computes the
+        # Speed levers measured in benchmarks/gpu_path.py (BENCHMARKS.md); each computes the
         # same function as the plain path, so the tiny profile keeps the plain one.
+        # CholeskyQR2 and 2 GB of error staging measured slower than QR and 512 MB (2026-12-04).
         "hardware.compile": "true",
         "hardware.fused_adamw": "true",
         "hardware.gradient_as_bucket_view": "true",
