@@ -240,3 +240,30 @@ def test_the_plan_refuses_graphs_without_packing_and_rows_wider_than_the_budget(
            (2048, True, 44.0)
     tiny = load_plan("tiny")  # the tiny study keeps whole-document micro-batches: its numbers stand
     assert (tiny.schedule.micro_batch_tokens, tiny.hardware.cuda_graphs) == (0, False)
+
+
+@pytest.mark.parametrize("arm", ["single", "powersgd"])
+def test_a_packed_arm_resumed_from_its_full_state_continues_exactly(inputs_dir, tmp_path, arm):
+    """Packed, with DDP's buckets built at start-up: a run resumed after update 2 from its full
+    state (weights, AdamW, PowerSGD's error and memories, RNG) ends with the straight run's
+    weights, bit for bit on a CPU, and the restored error fits the prebuilt buckets."""
+    from gradshare.train import fullstate
+    from gradshare.train.loop import FullState
+
+    docs, tok, schedule = _inputs(inputs_dir)
+    plan = load_plan("tiny", {**SMALL, **PACKED, "arms.powersgd_processes": "1"})
+    saved = {}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        def run(full):
+            model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
+            res = train(plan, arm, model, tok, docs, schedule, torch.device("cpu"), 0, 1, log=lambda *a: None,
+                        full_state=full)
+            return res, {k: v.clone() for k, v in model.state_dict().items()}
+
+        straight, want = run(FullState(every=2, root=tmp_path / "fs", on_saved=lambda p, m: saved.update(path=p)))
+        resumed, got = run(FullState(resume=fullstate.load(saved["path"], 1)))
+    finally:
+        dist.destroy_process_group()
+    assert resumed.losses == straight.losses
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -106,8 +106,9 @@ def micro_batches(plan: Plan, doc_ids: list[str], lengths: dict[str, int]) -> li
 
 
 def prebuilds_buckets(plan: Plan) -> bool:
-    """Whether a DDP arm builds its final buckets before training (`prebuild_buckets`): on a GPU,
-    and wherever micro-batches run as graphs (which hold the gradients' addresses)."""
+    """Whether a DDP arm builds its final buckets before training (`prebuild_buckets`): on a GPU
+    (memory), and wherever the plan asks for graphs (which hold the gradients' addresses; on a
+    CPU, so that the tests run the GPU's path)."""
     return plan.hardware.device == "cuda" or plan.hardware.cuda_graphs
 
 
@@ -132,7 +133,8 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
     """The model with its token loss (`TokenLoss`); `single`: as is, `dense`/`powersgd`: in DDP,
     with the PowerSGD hook for the latter. The plan's hardware levers are applied here, in
     one place, and each computes the same function as the plain path. `register_hook=False`:
-    the PowerSGD state is made but not registered (resume registers it after a plain pass)."""
+    the PowerSGD state is made but not registered (resume registers it once DDP's buckets are
+    final and the saved state is restored into it)."""
     h = plan.hardware
     static = plan.schedule.micro_batch_tokens > 0  # packed micro-batches: a few fixed shapes
     if h.activation_checkpointing:
