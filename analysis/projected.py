@@ -1,18 +1,23 @@
-"""The report's projection: the arms on the study's hosts (declared figures), and the arms
-of the machine the study ran on re-projected to other link rates from its measurements.
-The model and its inputs: `gradshare.projection`.
+"""The report's projection: the study's hosts (`gradshare.projection`: the prepared workload, the
+H200's measured cost parts scaled to the plan's GPU, the plan's link), and the arms of the machine
+the study ran on re-projected to other link rates from their own runs (`gradshare.measured_link`).
 
-Rates are Mbit/s; a loopback rate (infinite) is written as None so that `verdicts.json`
-stays plain JSON.
+One figure per quantity: the measured machine's table shows each arm's speed ratio as the verdict
+computes it (active tokens/s over single's), beside the model's, which is built on median
+seconds per update and says so. An arm measured over loopback crossed no link and is shown at
+loopback only; an arm that did not finish is listed with its status, never dropped.
+Rates are Mbit/s; a loopback rate (infinite) is written as None so that `verdicts.json` stays
+plain JSON.
 """
 from __future__ import annotations
 
 import math
 
+from gradshare import measured_link as ML
 from gradshare import metrics as M
 from gradshare import projection as P
+from gradshare import tracking as T
 
-STUDY_RATES_GBIT = (5, 10, 20, 50, 100)  # the plot's link rates around the plan's
 MEASURED_RATE_FACTORS = (0.5, 1, 2)  # the measured machine at these multiples of its link
 
 
@@ -21,41 +26,41 @@ def _clean(rows: list[dict]) -> list[dict]:
 
 
 def compute(rec) -> dict:
+    prep = T.client().get_run(rec.prepare_run_id)
+    hosts = P.for_plan(rec.plan, prep, log=lambda *a: None)
+    hosts["rows"] = _clean(hosts["rows"])
+    return {"study_hosts": hosts, "measured": _measured(rec)}
+
+
+def _measured(rec) -> dict:
     plan = rec.plan
-    hosts_plan = P.full_shape(plan)
-    hosts = P.study_hosts(hosts_plan)
-    link = hosts.link_mbit
-    at_plan = [P.project(hosts, "single", 1, math.inf, hosts_plan.train_docs, hosts_plan.schedule.docs_per_update)]
-    at_plan += [P.project(hosts, arm, 2, link, hosts_plan.train_docs, hosts_plan.schedule.docs_per_update)
-                for arm in hosts.arms]
-    by_rate = [P.project(hosts, arm, 2, g * 1e3, hosts_plan.train_docs, hosts_plan.schedule.docs_per_update)
-               for arm in hosts.arms for g in STUDY_RATES_GBIT]
-    out = {"study_hosts": {"machine": hosts.name, "source": hosts.source, "link_mbit": link,
-                           "rows": _clean(at_plan), "by_rate": _clean(by_rate)}}
-    arms = {}
+    arms, missing = {}, {}
     for arm, a in rec.arms.items():
         if a.status != "FINISHED" or not a.histories.get(M.STEP_S):
+            missing[arm] = a.failure_reason or a.status
             continue
         arms[arm] = {"step_s": a.histories[M.STEP_S], "tokens_per_s": a.histories.get(M.TOKENS_PER_S),
                      "logical_bytes": a.histories.get(M.LOGICAL_BYTES) or [],
                      "link_rate_mbit": a.params.get("link_rate_mbit")}
     if "single" not in arms:
-        out["measured"] = {"reason": "the single arm did not finish: no one-device update to start from"}
-        return out
-    m = P.from_measurements(plan, arms, "this study's machine")
+        return {"reason": "the single arm did not finish: no one-device update to start from", "missing": missing}
+    m = ML.from_measurements(plan, arms, "this study's machine")
     if not m.arms:
-        out["measured"] = {"reason": "no two-process arm finished over a link of known rate"}
-        return out
+        return {"reason": "no two-process arm finished over a link of known rate", "missing": missing}
     base = m.link_mbit
-    rates = [base] if (math.isinf(base) or math.isnan(base)) else [base * f for f in MEASURED_RATE_FACTORS]
+    looped = math.isinf(base) or math.isnan(base)
+    rates = [base] if looped else [base * f for f in MEASURED_RATE_FACTORS]
+    single_tps = rec.arms["single"].metrics.get(M.ACTIVE_TOKENS_PER_S)
     rows = []
     for arm in m.arms:
+        tps = rec.arms[arm].metrics.get(M.ACTIVE_TOKENS_PER_S)
         for r in rates:
-            row = P.project(m, arm, 2, r, plan.train_docs, plan.schedule.docs_per_update)
+            row = ML.project(m, arm, 2, r, plan.train_docs, plan.schedule.docs_per_update)
             if r == base:
                 row["measured_s_per_update"] = m.measured_s[arm]
+                if tps and single_tps:  # the verdict's own figure
+                    row["measured_speed_ratio"] = tps / single_tps
             rows.append(row)
-    out["measured"] = {"machine": m.name, "source": m.source, "link_mbit": None if math.isinf(base) else base,
-                       "single_s": m.single_s, "extra_s": {a: i.extra_s for a, i in m.arms.items()},
-                       "rows": _clean(rows)}
-    return out
+    return {"machine": m.name, "source": m.source, "link_mbit": None if math.isinf(base) else base,
+            "single_s": m.single_s, "extra_s": {a: i.extra_s for a, i in m.arms.items()},
+            "rows": _clean(rows), "missing": missing}

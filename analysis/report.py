@@ -16,6 +16,7 @@ from pathlib import Path
 from analysis.collect import StudyRecord
 from analysis.preconditions import screen_word
 from gradshare import metrics as M
+from gradshare import projection as P
 
 
 def _fmt(x, spec=".3f", none="—"):
@@ -143,27 +144,13 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
         paths.append(_save(fig, out / fname))
     paths.append(_loss_gap(rec, out, plt))
     if "study_hosts" in (v.get("projection") or {}):
-        paths.append(_projected_speed(v, rec.plan.screen.speed_ratio, out, plt))
+        paths.append(_projected_speed(v, out))
     return paths
 
 
-def _projected_speed(v: dict, threshold: float, out: Path, plt) -> Path:
-    """Projected speed ratio on the study's two hosts against the link rate, with the screen."""
-    h = v["projection"]["study_hosts"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for arm in sorted({r["arm"] for r in h["by_rate"]}):
-        pts = [(r["rate_mbit"] / 1e3, r["speed_ratio"]) for r in h["by_rate"] if r["arm"] == arm]
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, marker="o", label=arm)
-    ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8,
-               label="speed screen")
-    ax.axvline(h["link_mbit"] / 1e3, color="grey", linestyle=":", linewidth=0.8, label="plan's link")
-    ax.set_xscale("log")
-    ax.set_xlabel("cross-zone link, Gbit/s each way")
-    ax.set_ylabel("speed ratio vs single")
-    ax.set_title("Projected speed on the study's two hosts")
-    ax.legend(fontsize=8)
-    return _save(fig, out / "projected_speed_ratio.png")
+def _projected_speed(v: dict, out: Path) -> Path:
+    """Projected speed ratio on the study's hosts against the link rate, 2-64 hosts, with the screen."""
+    return P.plot(v["projection"]["study_hosts"], out / "projected_speed_ratio.png")
 
 
 def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
@@ -274,38 +261,33 @@ def _rate(mbit) -> str:
 
 
 def _projection(p: dict) -> list[str]:
-    """Projected speed and dollars (`gradshare.projection`): the study's hosts from declared
-    figures, and this study's machine at other link rates from its own measurements."""
+    """The study's hosts projected (`gradshare.projection`), and this study's machine at other link
+    rates from its own runs (`gradshare.measured_link`)."""
     if not p:
         return []
     md = ["## Projection (`gradshare project`)", ""]
     if "reason" in p:
         return md + [f"Not available: {p['reason']}.", ""]
-    h = p["study_hosts"]
-    md += [f"**The study's hosts** — {h['machine']}; two hosts in two zones over {_rate(h['link_mbit'])}; "
-           f"{h['source']}. Declared figures, not a measurement.", "",
-           "| arm | hosts | s/update | speed ratio vs single | GPU-s | cross-zone GB | $ |",
-           "|---|---|---|---|---|---|---|"]
-    for r in h["rows"]:
-        md.append(f"| {r['arm']} | {r['hosts']} | {r['s_per_update']:.3f} | {r['speed_ratio']:.2f} | "
-                  f"{r['gpu_s']:,.0f} | {r['cross_zone_bytes'] / 1e9:,.1f} | {r['usd']:.2f} |")
+    md += [P.markdown(p["study_hosts"]), "The plot `projected_speed_ratio.png` (below) draws the same for 2 to 64 hosts.", ""]
     m = p.get("measured") or {}
-    md += [""]
     if "reason" in m:
         md += [f"**This study's machine:** not projected: {m['reason']}.", ""]
     elif m:
         md += [f"**This study's machine** at other link rates, from its own medians (one device's update "
                f"{m['single_s']:.3f} s; each arm's own seconds beyond compute and link: "
-               + ", ".join(f"{a} {x:+.3f} s" for a, x in m["extra_s"].items()) + "):", "",
-               "| arm | link | s/update projected | measured | speed ratio vs single |", "|---|---|---|---|---|"]
+               + ", ".join(f"{a} {x:+.3f} s" for a, x in m["extra_s"].items()) + "). The model's speed "
+               "ratio is on median seconds per update; the measured one is the verdict's (active tokens/s):", "",
+               "| arm | link | s/update projected | measured | speed ratio, model | speed ratio, measured |",
+               "|---|---|---|---|---|---|"]
         for r in m["rows"]:
-            got = r.get("measured_s_per_update")
             md.append(f"| {r['arm']} | {_rate(r['rate_mbit'])} | {r['s_per_update']:.3f} | "
-                      f"{_fmt(got)} | {r['speed_ratio']:.2f} |")
+                      f"{_fmt(r.get('measured_s_per_update'))} | {r['speed_ratio']:.2f} | "
+                      f"{_fmt(r.get('measured_speed_ratio'))} |")
         md += [""]
-    md += ["Model: one rank's half of one device's update, plus the arm's own seconds, plus a ring "
-           "all-reduce of its logical bytes at the link rate with TCP/IP headers; latency is not "
-           "modelled (nor emulated). Formula and inputs: `gradshare/projection.py`.", ""]
+    for arm, why in (m.get("missing") or {}).items():
+        md.append(f"- {arm}: not projected from this machine ({_cell(str(why))})")
+    if m.get("missing"):
+        md.append("")
     return md
 
 

@@ -1,5 +1,5 @@
 """Benchmark: the tiny arms over loopback and across two emulated hosts at three link rates,
-with the projection (`gradshare.projection`) from the loopback runs beside each measurement.
+with the projection of this machine (`gradshare.measured_link`) from the loopback runs beside each measurement.
 
     sudo python benchmarks/link_rates.py --out link_rates.json          # ~15 min on 2 cores
     python benchmarks/link_rates.py --log link_rates.json --benchmarks-md BENCHMARKS.md
@@ -84,7 +84,7 @@ def _arm_figures(study: str, arm: str, skip: int) -> dict:
 
 def run(args) -> dict:
     from gradshare import netns
-    from gradshare import projection as P
+    from gradshare import measured_link as P
     from gradshare.emulated import run_arm_across
     from gradshare.plan import load_plan
 

@@ -11,8 +11,7 @@ host in another zone each cost `cross_zone_usd_per_gb`.
 from __future__ import annotations
 
 from gradshare import metrics as M
-
-GB = 1e9
+from gradshare.wire import GB, cross_zone_bytes
 
 
 def hosts_for(plan, arm: str) -> int:
@@ -42,8 +41,7 @@ def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
     crosses = len(measured_hosts) > 1 and len(zones) > 1
     cross_bytes = sum(h["wire_tx_bytes"] + h["wire_rx_bytes"] for h in per_host) if crosses else 0.0
     logical = metrics.get(M.LOGICAL_BYTES_TOTAL, 0.0)
-    # Two ranks, ring all-reduce: each host sends and receives about the logical volume.
-    projected = 4 * logical if n_hosts > 1 and len(zones) > 1 else 0.0
+    projected = cross_zone_bytes(logical, n_hosts) if len(zones) > 1 else 0.0
     return {
         "gpu_s_active": metrics.get(M.GPU_S_ACTIVE, 0.0),
         "gpu_s_total": metrics.get(M.GPU_S_TOTAL, 0.0),

@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gradshare import metrics as M
-
-GB = 1e9
+from gradshare.wire import GB, cross_zone_bytes, logical_bytes_per_exchange
 START_PARAM = "study_start_epoch_s"
 FILE = "limits.json"
 
@@ -176,7 +175,7 @@ def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
     from mlflow.exceptions import MlflowException
 
     from gradshare import tracking as T
-    from gradshare.projection import MODEL_SHAPES, parameter_shapes
+    from gradshare.model import MODEL_SHAPES, parameter_shapes  # torch: here only, the launcher loads none
 
     try:
         recorded = json.loads(T.download(prep.info.run_id, MODEL_SHAPES).read_text())
@@ -190,19 +189,16 @@ def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = 
     model's parameter `shapes`, built from the plan where not given)."""
     if not crosses_zones(plan, arm):
         return 0.0
-    from gradshare.projection import WIRE_OVERHEAD, parameter_shapes
-    from gradshare.train.powersgd import logical_bytes_per_exchange
-
-    shapes = parameter_shapes(plan) if shapes is None else shapes
+    if shapes is None:
+        from gradshare.model import parameter_shapes  # torch and transformers: only where no shapes are given
+        shapes = parameter_shapes(plan)
     p = plan.powersgd
     dense = logical_bytes_per_exchange(shapes, 4, None)
     per_update = [dense] * plan.schedule.updates
     if arm == "powersgd":
         compressed = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
         per_update = [dense if u <= p.warmup_updates else compressed for u in range(1, plan.schedule.updates + 1)]
-    hosts = plan.arms.processes(arm)
-    # a ring: each host sends and receives 2(W-1)/W x its logical bytes
-    return sum(per_update) * 2 * (hosts - 1) / hosts * WIRE_OVERHEAD * 2 * hosts
+    return cross_zone_bytes(sum(per_update), plan.arms.processes(arm))
 
 
 def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,

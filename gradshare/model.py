@@ -28,6 +28,19 @@ def model_config(name: str, vocab_size: int | None = None):
     return Qwen3Config(**cfg)
 
 
+MODEL_SHAPES = "model_shapes.json"  # prepare's record of parameter_shapes(plan), an artifact of its run
+
+
+def parameter_shapes(plan) -> list[tuple[int, ...]]:
+    """The plan's model's trainable parameter shapes, from its config on the meta device
+    (no weights are made)."""
+    from transformers import Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(model_config(plan.model.config, plan.model.vocab_size))
+    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
 def build_model(config, seed: int, device: str | torch.device = "cpu"):
     from transformers import Qwen3ForCausalLM
 

@@ -263,12 +263,17 @@ class InfraPlan:
     (EC2 G6e instance table), a ceiling, so projections from it are the most favourable."""
     gpu_dense_tflops: float = 362.0
     """L40S dense BF16 tensor rate, NVIDIA's L40S datasheet (733 is with sparsity)."""
-    gpu_utilisation: float = 0.40
-    """Assumed fraction of `gpu_dense_tflops` a training update reaches (forward, backward, AdamW)."""
-    powersgd_extra_s: float = 0.18
-    """Seconds per update PowerSGD adds over dense on one GPU: the fast hook on one H200,
-    0.616 - 0.436 s (BENCHMARKS.md, commit 26109cf). An L40S has 864 GB/s of memory
-    bandwidth to the H200's 4.8 TB/s, so there it is likely larger: a favourable figure."""
+    gpu_memory_gbps: float = 864.0
+    """L40S device memory bandwidth, GB/s, NVIDIA's L40S datasheet: what the memory-bound parts of
+    an update (gradient additions, AdamW, clip, PowerSGD's passes) scale by (`gradshare.gpu_cost`)."""
+    host_pinned_both_gbps: float = 47.0
+    """Pinned host <-> GPU copies of the study's host, both directions at once, GB/s together: the
+    L40S sits on PCIe Gen4 x16, 64 GB/s both ways (L40S datasheet); the H200 machine's Gen5 x16
+    (128 GB/s) gave 93.7 of it in the 2026-12-04 benchmark, 73%, so 64 x 0.73. PowerSGD's FP32
+    host error crosses it twice per compressed update. Not measured on an L40S host."""
+    host_pinned_uncertainty: float = 0.3
+    """The projection's verdicts are recomputed at this fraction below and above
+    `host_pinned_both_gbps`; where they flip, the output says so."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +289,7 @@ class LinkPlan:
                 = 20 Gbit/s: 6.9e9 x 8 / 20e9 = 2.76 s
       compute   one rank's half of an update, 16 documents x 512 tokens = 8,192 tokens at
                 6 x 1.72e9 FLOP per token = 8.45e13 FLOP, on an L40S at `infra.gpu_dense_tflops`
-                = 362 TFLOP/s and `infra.gpu_utilisation` = 40%: 8.45e13 / 1.45e14 = 0.58 s
+                = 362 TFLOP/s at an assumed 40% of it: 8.45e13 / 1.45e14 = 0.58 s
       multiple  2.76 / 0.58 = 4.7
     tiny (this profile, one CPU thread per process):
       compute   one rank's half of an update, 16 documents x 128 tokens (the truncation

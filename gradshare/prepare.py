@@ -7,6 +7,8 @@ Layout of the inputs (the prepare run's artifacts under `inputs/`):
     eval/test_tasks.jsonl    1,024 final-test cases (read only by `score`)
     eval/probes.jsonl        128 retention probes (exposed during pre-training)
     schedule.json            128 x 32 document ids, per-update target-token counts and hashes
+    workload.json            per update: input tokens, and padded tokens and micro-batches of
+                             one rank of a one- and a two-rank arm (`gradshare.workload`)
     tokenizer/               the tokenizer
     seed_model/              tiny profile: the pre-trained seed model (safetensors)
     manifest.json            path, bytes, SHA-256 of every file above; numerical sources
@@ -29,8 +31,10 @@ from gradshare.data.tokenizer import load_tokenizer, train_bpe
 from gradshare.hashing import file_entries, read_jsonl, tree_sha256, write_json, write_jsonl
 from gradshare.metrics import seed_metrics
 from gradshare.plan import Plan
-from gradshare.projection import MODEL_SHAPES, parameter_shapes
+from gradshare.model import MODEL_SHAPES, parameter_shapes
 from gradshare.sources import numerical_sources, set_determinism
+from gradshare.workload import WORKLOAD
+from gradshare.workload import describe as describe_workload
 
 
 def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
@@ -89,6 +93,8 @@ def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
         "max_doc_tokens": d.max_doc_tokens,
     })
 
+    # what each update asks of one device, by the loop's own layout (the projection reads it)
+    write_json(out / WORKLOAD, describe_workload(plan, by_id, tokenizer, json.loads((out / "schedule.json").read_text())))
     seed_info = _seed_model(plan, tokenizer, pretrain + probes, probes, out / "seed_model", log)
     files = file_entries(out)
     manifest = {

@@ -1,305 +1,347 @@
-"""Projected seconds per update, speed ratio, GPU-seconds and dollars of each arm, on the
-study's hosts or on the machine a study ran on, for any number of hosts and link rate.
+"""What the study's hosts would do, before anyone rents them: each arm's seconds per update, speed
+ratio, GPU-seconds and dollars, and the break-even points of the speed and cost screens.
 
-    gradshare project                        # the study's hosts (full profile's plan)
-    gradshare project --study gradshare-tiny # also that study's machine, from its measured arms
-    gradshare project --study S --hosts 2,4,8 --rates-mbit 11,22,44 --json out.json
+    gradshare project                      # the full profile's inputs, built here by prepare's code
+    gradshare project --study S            # a prepared study's own workload, and its machine's runs
+    gradshare project --json p.json --plot p.png
 
-The model (one update; W hosts with one device each, in a ring, each with a link of R bit/s
-in each direction; latency is not modelled, as the emulated link has none):
+The model, per update u of the prepared schedule (`gradshare.workload`), on W hosts with one
+GPU each in a ring over a link of R bit/s each way (latency not modelled):
 
-    t(single)  = c1
-    t(arm, W, R) = c1 x s + x(arm) + B(arm) x 2 (W-1)/W x o x 8 / R
+    t(single, u)    = cost(single; padded tokens and micro-batches of one rank at world 1)
+    t(arm, W, R, u) = cost(arm; the slower rank's at world 2) + wire_bytes_per_rank(B(arm, u), W) x 8 / R
 
-    c1      one device's seconds for one whole update of the plan (`schedule.docs_per_update`)
-    s       one rank's share of that update's documents; the share of the plan's two-host
-            arms, 1/2, is kept for every W (weak scaling: W hosts train W/2 x the documents of
-            an update, so the study's 4,096 documents take 2/W as many updates)
-    x(arm)  the arm's own seconds beyond compute and link: DDP's bucket copies (dense), the
-            compression and error feedback (powersgd)
-    B(arm)  logical bytes one rank hands to the exchange per update, post warm-up (for
-            PowerSGD its P and Q and the uncompressed tensors; `logical_bytes_per_exchange`)
-    o       wire bytes per payload byte: 1514 on the wire per 1448 of TCP payload at MTU 1500
-            (Ethernet 14 + IP 20 + TCP with timestamps 32 bytes of headers)
-    2(W-1)/W  what a ring all-reduce sends (and receives) per rank, in units of B
+    cost            `gradshare.gpu_cost`: matrix work, gradient additions, clip and AdamW, the arm's
+                    extra (PowerSGD: compression and the FP32 host error's copies), each measured on
+                    one H200 and scaled to the plan's GPU by the rate it is bound by
+    B(arm, u)       one rank's logical bytes (`gradshare.wire`): dense every update; PowerSGD dense
+                    in its warm-up updates, then its P, Q and uncompressed tensors
+    W > 2           weak scaling: each rank keeps the two-rank share, so the study takes 2/W as many
+                    updates
 
-    speed ratio   = tokens/s(arm) / tokens/s(single) = (W x s / t(arm)) / (1 / c1)
-    GPU-seconds   = updates(W) x t x W     (active; start-up and checkpoint not included)
-    cross-zone    = every ring hop joins two zones (hosts alternate between the plan's two):
-                    each host sends and receives B x 2(W-1)/W x o per update, each direction
-                    billed at `infra.cross_zone_usd_per_gb`
-    dollars       = GPU-seconds / 3600 x price per host-hour + cross-zone bytes x price
+    speed ratio     tokens/s of the arm over single's, over the whole schedule (what the screen asks)
+    GPU-seconds     W x the arm's seconds; cheaper = fewer than single's (active, as the report)
+    dollars         GPU-seconds x price per host-hour + cross-zone bytes x price per GB each way
 
-Inputs come from one of two places:
-- the study's hosts (`study_hosts`): c1 from the plan's L40S rate and utilisation at 6 x
-  parameters FLOP per token over full-length documents, x(dense) = 0, x(powersgd) =
-  `infra.powersgd_extra_s` (measured on an H200), B from the full model's shapes, R from
-  `infra.link_gbit`: declared figures, so a projection, never a measurement;
-- a study that ran (`measured`): c1 = the single arm's median seconds per update; for each
-  two-process arm, B its median logical bytes per update after warm-up, and x what its own
-  median seconds per update leave after c1 x s and the exchange the model gives for the
-  link it ran over (`link_rate_mbit`: the emulated rate, or `inf` over loopback). Measured
-  over loopback, x is the arm's cost with no link at all, so projecting it to a shaped link
-  checks the model's link term (`benchmarks/link_rates.py`).
+Every input carries its provenance: prepared (the study's schedule), measured (the H200 call:
+where, when, which commit) or declared (the plan, with its source). A study's own machine,
+re-projected from its runs, is `gradshare.measured_link`.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import statistics
-from dataclasses import dataclass, field
+import tempfile
 from pathlib import Path
 
-WIRE_OVERHEAD = 1514 / 1448
-TWO_HOST_SHARE = 0.5  # one rank's share of an update in the plan's two-process arms
-GB = 1e9
-DEFAULT_HOSTS = (2, 4, 8, 16, 32, 64)
+from gradshare import gpu_cost
+from gradshare import measured_link as ML
+from gradshare import workload
+from gradshare.model import parameter_shapes
+from gradshare.plan import load_plan
+from gradshare.prepare import build_inputs
+from gradshare.wire import GB, cross_zone_bytes, logical_bytes_per_exchange, wire_bytes_per_rank
+from gradshare.workload import scaled
+
+DEFAULT_HOSTS = ML.DEFAULT_HOSTS
+PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
+ARMS = ("single", "dense", "powersgd")
 
 
-@dataclass(frozen=True)
-class ArmInputs:
-    extra_s: float
-    """x(arm): seconds per update beyond compute and link."""
-    logical_bytes: float
-    """B(arm): one rank's logical bytes per update, post warm-up."""
+class Hosts:
+    """The study's hosts under one plan, workload and calibration."""
 
+    def __init__(self, plan, record: dict, calibration: gpu_cost.Calibration, workload_source: str):
+        self.plan = plan
+        self.record = record
+        self.measured = calibration
+        self.cost = calibration.scaled_to(gpu_cost.declared_gpu(plan))
+        self.workload_source = workload_source
+        shapes = parameter_shapes(plan)
+        p = plan.powersgd
+        self.dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
+        self.compressed_bytes = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
 
-@dataclass(frozen=True)
-class Machine:
-    name: str
-    single_s: float
-    """c1: one device, one whole update."""
-    tokens_per_update: float
-    usd_per_host_hour: float
-    cross_zone_usd_per_gb: float
-    link_mbit: float
-    """The link the machine's own two-process arms had (inf: loopback)."""
-    arms: dict[str, ArmInputs] = field(default_factory=dict)
-    source: str = ""
-    measured_s: dict[str, float] = field(default_factory=dict)
-    """Median seconds per update as measured, where the inputs came from runs."""
-
-
-def exchange_s(logical_bytes: float, world: int, rate_mbit: float) -> float:
-    """Seconds one rank's ring all-reduce of `logical_bytes` takes on a link of `rate_mbit`."""
-    if world <= 1 or math.isinf(rate_mbit):
-        return 0.0
-    return logical_bytes * 2 * (world - 1) / world * WIRE_OVERHEAD * 8 / (rate_mbit * 1e6)
-
-
-def s_per_update(m: Machine, arm: str, world: int, rate_mbit: float) -> float:
-    if arm == "single":
-        return m.single_s
-    a = m.arms[arm]
-    return m.single_s * TWO_HOST_SHARE + a.extra_s + exchange_s(a.logical_bytes, world, rate_mbit)
-
-
-def project(m: Machine, arm: str, world: int, rate_mbit: float, train_docs: int, docs_per_update: int) -> dict:
-    """Every figure of one arm on `world` hosts over a link of `rate_mbit`."""
-    world = 1 if arm == "single" else world
-    t = s_per_update(m, arm, world, rate_mbit)
-    share = 1.0 if arm == "single" else TWO_HOST_SHARE
-    docs_per_step = docs_per_update * share * world
-    updates = train_docs / docs_per_step
-    speed = (world * share / t) / (1 / m.single_s)
-    gpu_s = updates * t * world
-    sent = 0.0 if world == 1 else m.arms[arm].logical_bytes * 2 * (world - 1) / world * WIRE_OVERHEAD
-    cross_bytes = 2 * sent * world * updates  # every host's sent and received bytes
-    usd = gpu_s / 3600 * m.usd_per_host_hour + cross_bytes / GB * m.cross_zone_usd_per_gb
-    return {"arm": arm, "hosts": world, "rate_mbit": rate_mbit, "s_per_update": t, "updates": updates,
-            "tokens_per_s": m.tokens_per_update * share * world / t, "speed_ratio": speed, "gpu_s": gpu_s,
-            "cross_zone_bytes": cross_bytes, "usd": usd}
-
-
-# --- inputs -----------------------------------------------------------------------------
-
-MODEL_SHAPES = "model_shapes.json"  # prepare's record of parameter_shapes(plan), an artifact of its run
-
-
-def parameter_shapes(plan) -> list[tuple[int, ...]]:
-    """The plan's model's trainable parameter shapes, from its config on the meta device
-    (no weights are made)."""
-    import torch
-
-    from gradshare.model import model_config
-
-    from transformers import Qwen3ForCausalLM
-
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(model_config(plan.model.config, plan.model.vocab_size))
-    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
-
-
-def study_hosts(plan) -> Machine:
-    """The study's hosts from the plan's declared figures (see the module docstring)."""
-    from gradshare.train.powersgd import logical_bytes_per_exchange
-
-    shapes = parameter_shapes(plan)
-    params = sum(math.prod(s) for s in shapes)
-    tokens = plan.schedule.docs_per_update * plan.data.max_doc_tokens
-    i = plan.infra
-    c1 = 6 * params * tokens / (i.gpu_dense_tflops * 1e12 * i.gpu_utilisation)
-    p = plan.powersgd
-    arms = {"dense": ArmInputs(0.0, logical_bytes_per_exchange(shapes, 4, None)),
-            "powersgd": ArmInputs(i.powersgd_extra_s,
-                                  logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate))}
-    return Machine(name=f"{i.instance_type} ({i.gpu}), declared", single_s=c1, tokens_per_update=tokens,
-                   usd_per_host_hour=i.usd_per_host_hour, cross_zone_usd_per_gb=i.cross_zone_usd_per_gb,
-                   link_mbit=i.link_gbit * 1e3, arms=arms,
-                   source=f"{params:,} parameters, {tokens:,} tokens per update at 6 FLOP per parameter "
-                          f"and token, {i.gpu_dense_tflops:g} TFLOP/s x {i.gpu_utilisation:g}; powersgd "
-                          f"+{i.powersgd_extra_s:g} s per update")
-
-
-def _median_after(history: list[tuple[int, float]], after: int) -> float:
-    values = [v for step, v in history if step > after] or [v for _, v in history]
-    return statistics.median(values)
-
-
-def _rate(text: str | None) -> float | None:
-    try:
-        return float(text)  # "inf" reads as infinity
-    except (TypeError, ValueError):
-        return None
-
-
-def from_measurements(plan, arms: dict[str, dict], name: str) -> Machine:
-    """A machine from measured arms: `arms[arm] = {"step_s": [(update, s)], "logical_bytes":
-    [(update, bytes)], "link_rate_mbit": "22" | "inf" | ...}`; `single` must be among them."""
-    from gradshare.cost import host_price
-
-    if "single" not in arms:
-        raise ValueError("a projection from measurements needs the single arm (one device's update)")
-    skip = max(plan.powersgd.warmup_updates, 2)  # warm-up, and DDP's bucket rebuild at update 2
-    c1 = _median_after(arms["single"]["step_s"], 2)
-    measured = {"single": c1}
-    inputs, rates = {}, set()
-    for arm, got in arms.items():
+    def logical_bytes(self, arm: str, update: int) -> float:
         if arm == "single":
-            continue
-        rate = _rate(got.get("link_rate_mbit"))
-        if rate is None:
-            continue  # a real network of unknown rate: its x cannot be separated from its link
-        rates.add(rate)
-        t = _median_after(got["step_s"], skip)
-        b = _median_after(got["logical_bytes"], skip)
-        measured[arm] = t
-        inputs[arm] = ArmInputs(t - c1 * TWO_HOST_SHARE - exchange_s(b, 2, rate), b)
-    single = arms["single"]
-    tokens = (statistics.median(t * dict(single["step_s"])[step] for step, t in single["tokens_per_s"]
-                                if step in dict(single["step_s"]))
-              if single.get("tokens_per_s") else plan.schedule.docs_per_update * plan.data.max_doc_tokens)
-    i = plan.infra
-    return Machine(name=name, single_s=c1, tokens_per_update=tokens, usd_per_host_hour=host_price(plan)[1],
-                   cross_zone_usd_per_gb=i.cross_zone_usd_per_gb,
-                   link_mbit=rates.pop() if len(rates) == 1 else float("nan"), arms=inputs,
-                   source="medians of the study's measured seconds and logical bytes per update", measured_s=measured)
+            return 0.0
+        if arm == "powersgd" and update > self.plan.powersgd.warmup_updates:
+            return self.compressed_bytes
+        return self.dense_bytes
+
+    def update_s(self, arm: str, update: int, row: dict, world: int, rate_mbit: float, cost=None) -> float:
+        cost = cost or self.cost
+        if arm == "single":
+            return cost.seconds("single", row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
+        warm = arm == "powersgd" and update <= self.plan.powersgd.warmup_updates  # plain all-reduce
+        t = cost.seconds("dense" if warm else arm, row["w2"]["padded_tokens"], row["w2"]["micro_batches"])
+        link = 0.0 if math.isinf(rate_mbit) else wire_bytes_per_rank(self.logical_bytes(arm, update), world) * 8 / (rate_mbit * 1e6)
+        return t + link
+
+    def arm(self, arm: str, world: int, rate_mbit: float, record: dict | None = None, cost=None) -> dict:
+        """Every figure of one arm over the whole schedule."""
+        record = record or self.record
+        world = 1 if arm == "single" else world
+        steps = 1.0 if arm == "single" else 2 / world  # weak scaling beyond the plan's two hosts
+        ups = record["updates"]
+        seconds = sum(self.update_s(arm, u, r, world, rate_mbit, cost) for u, r in enumerate(ups, start=1)) * steps
+        tokens = sum(r["input_tokens"] for r in ups)
+        cross = 0.0 if world == 1 else sum(cross_zone_bytes(self.logical_bytes(arm, u), world)
+                                           for u in range(1, len(ups) + 1)) * steps
+        gpu_s = seconds * world
+        i = self.plan.infra
+        return {"arm": arm, "hosts": world, "rate_mbit": rate_mbit, "s_per_update": seconds / (len(ups) * steps),
+                "seconds": seconds, "tokens_per_s": tokens / seconds, "gpu_s": gpu_s, "cross_zone_bytes": cross,
+                "usd": gpu_s / 3600 * i.usd_per_host_hour + cross / GB * i.cross_zone_usd_per_gb}
+
+    def table(self, world: int = 2, rate_mbit: float | None = None, record=None, cost=None) -> list[dict]:
+        rate = self.plan.infra.link_gbit * 1e3 if rate_mbit is None else rate_mbit
+        rows = [self.arm(a, world, rate, record, cost) for a in ARMS if a in self.plan.arms.names]
+        single = next(r for r in rows if r["arm"] == "single")
+        for r in rows:
+            r["speed_ratio"] = r["tokens_per_s"] / single["tokens_per_s"]
+            r["cheaper_than_single"] = r["gpu_s"] < single["gpu_s"]
+        return rows
+
+    def ratio(self, arm: str, world: int, rate_mbit: float, record=None, cost=None) -> float:
+        return self.arm(arm, world, rate_mbit, record, cost)["tokens_per_s"] / \
+            self.arm("single", 1, math.inf, record, cost)["tokens_per_s"]
+
+    def gpu_s_ratio(self, arm: str, rate_mbit: float, record=None) -> float:
+        return self.arm(arm, 2, rate_mbit, record)["gpu_s"] / self.arm("single", 1, math.inf, record)["gpu_s"]
 
 
-def from_study(study: str) -> tuple[object, Machine]:
-    """The plan and the measured machine of a study's FINISHED arms, read through MLflow."""
-    from gradshare import metrics as M
-    from gradshare import store
-    from gradshare import tracking as T
-
-    _, plan = store.prepared_plan(study)
-    c = T.client()
-    arms = {}
-    for arm in plan.arms.names:
-        runs = T.search(study, "train", arm, status="FINISHED")
-        if not runs:
-            continue
-        rid = runs[-1].info.run_id
-        arms[arm] = {"step_s": [(m.step, m.value) for m in c.get_metric_history(rid, M.STEP_S)],
-                     "tokens_per_s": [(m.step, m.value) for m in c.get_metric_history(rid, M.TOKENS_PER_S)],
-                     "logical_bytes": [(m.step, m.value) for m in c.get_metric_history(rid, M.LOGICAL_BYTES)],
-                     "link_rate_mbit": runs[-1].data.params.get("link_rate_mbit")}
-    return plan, from_measurements(plan, arms, f"the machine study {study!r} ran on")
+def _solve(f, lo: float, hi: float, target: float) -> float | None:
+    """x in [lo, hi] (log-bisected) where the increasing f(x) reaches target; None where it never does."""
+    if f(hi) < target:
+        return None
+    if f(lo) >= target:
+        return lo
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return hi
 
 
-# --- tables -----------------------------------------------------------------------------
+def break_even(h: Hosts, arm: str = "powersgd") -> dict:
+    """Where the screens would flip for `arm` on the plan's two hosts: the link rate (at the study's
+    documents) and the document length (at the plan's link) at which the speed screen passes, and
+    the document length at which it uses fewer GPU-seconds than single. None: not within 1 Mbit/s
+    to 100 Tbit/s, or documents 1/20 to 200 times as long."""
+    need = h.plan.screen.speed_ratio
+    link = h.plan.infra.link_gbit * 1e3
+    tokens = h.record["median"]["input_tokens"]
+    speed_link = _solve(lambda r: h.ratio(arm, 2, r), 1.0, 1e8, need)
+    speed_k = _solve(lambda k: h.ratio(arm, 2, link, scaled(h.record, k)), 0.05, 200.0, need)
+    cost_k = _solve(lambda k: 1 / h.gpu_s_ratio(arm, link, scaled(h.record, k)), 0.05, 200.0, 1.0)
+    return {"speed_screen": need, "link_mbit_for_speed": speed_link,
+            "tokens_per_update_for_speed": speed_k and speed_k * tokens,
+            "tokens_per_update_for_fewer_gpu_s": cost_k and cost_k * tokens,
+            "ratio_at_infinite_link": h.ratio(arm, 2, math.inf)}
 
-def grid(m: Machine, plan, hosts=DEFAULT_HOSTS, rates_mbit=None) -> list[dict]:
-    rates = list(rates_mbit or [m.link_mbit])
-    rows = [project(m, "single", 1, math.inf, plan.train_docs, plan.schedule.docs_per_update)]
-    for arm in m.arms:
-        for w in hosts:
-            for r in rates:
-                row = project(m, arm, w, r, plan.train_docs, plan.schedule.docs_per_update)
-                if w == 2 and r == m.link_mbit and arm in m.measured_s:
-                    row["measured_s_per_update"] = m.measured_s[arm]
-                rows.append(row)
-    return rows
+
+def sensitivity(h: Hosts, arm: str = "powersgd") -> dict:
+    """The verdicts (speed screen passed, cheaper than single) with the host link's pinned rate
+    `infra.host_pinned_uncertainty` below and above the declared figure."""
+    from dataclasses import replace
+
+    u, link = h.plan.infra.host_pinned_uncertainty, h.plan.infra.link_gbit * 1e3
+    out = {}
+    for label, f in (("low", 1 - u), ("declared", 1.0), ("high", 1 + u)):
+        cost = replace(h.cost, gpu=replace(h.cost.gpu, pinned_both_gbps=h.cost.gpu.pinned_both_gbps * f))
+        rows = {r["arm"]: r for r in h.table(2, link, cost=cost)}
+        out[label] = {"pinned_both_gbps": cost.gpu.pinned_both_gbps, "speed_ratio": rows[arm]["speed_ratio"],
+                      "speed_screen_passes": rows[arm]["speed_ratio"] >= h.plan.screen.speed_ratio,
+                      "cheaper": rows[arm]["cheaper_than_single"]}
+    verdicts = {(v["speed_screen_passes"], v["cheaper"]) for v in out.values()}
+    out["flips"] = len(verdicts) > 1
+    return out
 
 
-def _rate_text(r: float) -> str:
-    if math.isinf(r):
+def provenance(h: Hosts) -> list[str]:
+    m, c, i = h.record["median"], h.measured, h.plan.infra
+    return [f"prepared: {h.workload_source}; a median of {m['input_tokens']:,.0f} input tokens per update, "
+            f"{m['w1_padded_tokens']:,.0f} padded in {m['w1_micro_batches']:g} micro-batches on one GPU, "
+            f"{m['w2_padded_tokens']:,.0f} in {m['w2_micro_batches']:g} on the slower of two ({h.record['layout']})",
+            f"measured: {c.gpu.source}; {c.source}; largest check error "
+            f"{max(abs(v['error']) for v in c.checks.values()):.1%}",
+            f"declared: {h.cost.gpu.source} (each with its source in gradshare/plan.py); link "
+            f"{i.link_gbit:g} Gbit/s each way (infra.link_gbit); ${i.usd_per_host_hour:g} per host-hour, "
+            f"${i.cross_zone_usd_per_gb:g} per GB each way",
+            f"model: {h.dense_bytes / GB:.2f} GB dense and {h.compressed_bytes / GB:.3f} GB compressed logical "
+            f"bytes per rank and update, from the model's shapes"]
+
+
+def compute(plan, record: dict, workload_source: str, calibration: gpu_cost.Calibration | None = None,
+            hosts=DEFAULT_HOSTS) -> dict:
+    """Everything `gradshare project` prints and the report shows, as plain JSON."""
+    h = Hosts(plan, record, calibration or gpu_cost.load(), workload_source)
+    m = record["median"]
+    per_update = {a: h.cost.parts(a, *((m["w1_padded_tokens"], m["w1_micro_batches"]) if a == "single"
+                                       else (m["w2_padded_tokens"], m["w2_micro_batches"]))) for a in ARMS}
+    curves = [{"arm": a, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a, w, g * 1e3)}
+              for a in ("dense", "powersgd") if a in plan.arms.names for w in hosts for g in PLOT_RATES_GBIT]
+    return {"machine": f"{len(plan.infra.hosts)} x {plan.infra.instance_type} ({plan.infra.gpu}), a projection",
+            "link_mbit": plan.infra.link_gbit * 1e3, "rows": h.table(), "parts_s": per_update,
+            "break_even": break_even(h), "sensitivity": sensitivity(h), "curves": curves,
+            "provenance": provenance(h), "speed_screen": plan.screen.speed_ratio}
+
+
+def verdict_lines(p: dict) -> list[str]:
+    """The projection's answer in sentences: the verdict, the break-even points, the uncertainty."""
+    rows = {r["arm"]: r for r in p["rows"]}
+    out = []
+    if "powersgd" in rows:
+        r, need = rows["powersgd"], p["speed_screen"]
+        out.append(f"powersgd on the plan's hosts: speed ratio {r['speed_ratio']:.2f} (the screen needs {need:.2f}): "
+                   f"{'passes' if r['speed_ratio'] >= need else 'fails'}; "
+                   f"{'fewer' if r['cheaper_than_single'] else 'more'} GPU-seconds than single "
+                   f"({r['gpu_s']:,.0f} against {rows['single']['gpu_s']:,.0f}).")
+        b = p["break_even"]
+        link = (f"at a link of {_rate(b['link_mbit_for_speed'])} each way" if b["link_mbit_for_speed"]
+                else f"at no link rate (even an infinite one gives {b['ratio_at_infinite_link']:.2f})")
+        out.append(f"Break-even: the speed screen would pass {link}, or, at the plan's link, with "
+                   + (f"{b['tokens_per_update_for_speed']:,.0f} tokens per update" if b["tokens_per_update_for_speed"]
+                      else "no document length within 200 times the study's")
+                   + "; powersgd would use fewer GPU-seconds than single with "
+                   + (f"{b['tokens_per_update_for_fewer_gpu_s']:,.0f} tokens per update."
+                      if b["tokens_per_update_for_fewer_gpu_s"] else
+                      "no document length within 200 times the study's (two GPUs, each doing half of single's "
+                      "matrix work, use at least single's GPU-seconds, and each adds its own optimizer and exchange)."))
+        s = p["sensitivity"]
+        out.append(("The verdict flips within the host link's uncertainty: " if s["flips"] else
+                    "The verdict holds within the host link's uncertainty: ")
+                   + ", ".join(f"at {v['pinned_both_gbps']:.0f} GB/s both ways speed ratio {v['speed_ratio']:.2f}"
+                               for k, v in s.items() if k != "flips") + ".")
+    return out
+
+
+def _rate(mbit: float | None) -> str:
+    if mbit is None or math.isinf(mbit):
         return "loopback"
-    return f"{r / 1e3:g} Gbit/s" if r >= 1e3 else f"{r:g} Mbit/s"
+    return f"{mbit / 1e3:.3g} Gbit/s" if mbit >= 1e3 else f"{mbit:.3g} Mbit/s"
 
 
-def table(rows: list[dict]) -> str:
-    out = ["| arm | hosts | link | s/update | speed ratio vs single | GPU-s (study's documents) | "
-           "cross-zone GB | $ |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        measured = f" (measured {r['measured_s_per_update']:.3f})" if "measured_s_per_update" in r else ""
-        out.append(f"| {r['arm']} | {r['hosts']} | {_rate_text(r['rate_mbit'])} | {r['s_per_update']:.3f}{measured} | "
-                   f"{r['speed_ratio']:.2f} | {r['gpu_s']:,.0f} | {r['cross_zone_bytes'] / GB:,.2f} | {r['usd']:.2f} |")
-    return "\n".join(out)
+def markdown(p: dict) -> str:
+    lines = [f"**The study's hosts**: {p['machine']}, two hosts in two zones over {_rate(p['link_mbit'])}:", "",
+             "| arm | s/update | speed ratio vs single | GPU-s | cheaper than single | cross-zone GB | $ |",
+             "|---|---|---|---|---|---|---|"]
+    for r in p["rows"]:
+        lines.append(f"| {r['arm']} | {r['s_per_update']:.3f} | {r['speed_ratio']:.2f} | {r['gpu_s']:,.0f} | "
+                     f"{'-' if r['arm'] == 'single' else ('yes' if r['cheaper_than_single'] else 'no')} | "
+                     f"{r['cross_zone_bytes'] / GB:,.1f} | {r['usd']:.2f} |")
+    parts = "; ".join(f"{a}: " + ", ".join(f"{k} {v:.3f}" for k, v in ps.items()) for a, ps in p["parts_s"].items())
+    lines += ["", *verdict_lines(p), "", f"Seconds per update by part, the median update (before the link): {parts}.",
+              "", "Inputs:", *[f"- {x}" for x in p["provenance"]]]
+    return "\n".join(lines) + "\n"
 
 
-def _floats(text: str) -> list[float]:
+def plot(p: dict, path: Path) -> Path:
+    """Speed ratio against link rate, 2 to 64 hosts, with the screen's line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    counts = sorted({c["hosts"] for c in p["curves"]})
+    colour = {w: plt.cm.viridis(k / max(1, len(counts) - 1)) for k, w in enumerate(counts)}  # one per host count
+    for arm, style in (("powersgd", "-"), ("dense", ":")):
+        for w in counts:
+            pts = [(c["rate_mbit"] / 1e3, c["speed_ratio"]) for c in p["curves"] if c["arm"] == arm and c["hosts"] == w]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, style, color=colour[w], marker="o", markersize=3, label=f"{arm}, {w} hosts")
+    ax.axhline(p["speed_screen"], color="grey", linestyle="--", linewidth=0.8, label="speed screen")
+    ax.axvline(p["link_mbit"] / 1e3, color="grey", linestyle=":", linewidth=0.8, label="plan's link")
+    ax.set_xscale("log")
+    ax.set_xlabel("link, Gbit/s each way")
+    ax.set_ylabel("speed ratio vs single")
+    ax.set_title("Projected speed on the study's hosts (solid: powersgd, dotted: dense)")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def full_shape(plan):
+    """The study's hosts' plan for a study of another profile: its infra, arms and powersgd, the
+    full profile's model, data and schedule (a tiny study's hosts are the study's too)."""
+    from dataclasses import replace
+
+    if plan.study.profile == "full":
+        return plan
+    full = load_plan("full", {})
+    return replace(full, infra=plan.infra, screen=plan.screen, powersgd=replace(full.powersgd, rank=plan.powersgd.rank))
+
+
+def full_profile_workload(log=print) -> tuple[object, dict]:
+    """The full profile's plan and workload, its inputs built here with prepare's own code (seconds:
+    tasks, conversations, tokenizer, schedule; no model, no MLflow)."""
+    plan = load_plan("full", {})
+    with tempfile.TemporaryDirectory(prefix="gradshare-workload-") as tmp:
+        build_inputs(plan, Path(tmp) / "inputs", log=lambda *a: None)
+        record = json.loads((Path(tmp) / "inputs" / workload.WORKLOAD).read_text())
+    log(f"[gradshare] the full profile's inputs, built here by prepare's code: a median of "
+        f"{record['median']['input_tokens']:,.0f} input tokens per update")
+    return plan, record
+
+
+def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS) -> dict:
+    """The projection of a study's hosts: its recorded workload where it is a full-profile study that
+    recorded one, else the full profile's, built here by prepare's code."""
+    record = workload.for_study(prep) if (prep is not None and plan.study.profile == "full") else None
+    source = "the study's prepared schedule (inputs/workload.json)"
+    if record is None:
+        _, record = full_profile_workload(log)
+        source = "the full profile's inputs, built here by prepare's code"
+    return compute(full_shape(plan), record, source, hosts=hosts)
+
+
+def _floats(text: str, what: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"expected numbers separated by commas, got {text!r}") from None
+        raise SystemExit(f"{what}: expected numbers separated by commas, got {text!r}") from None
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="gradshare project", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", help="also project the machine this study ran on, from its measured arms")
-    ap.add_argument("--profile", default="full", help="plan of the study's hosts without --study (default full)")
-    ap.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)), help="host counts, e.g. 2,4,8")
-    ap.add_argument("--rates-gbit", default="5,10,20,50,100", help="study hosts' link rates, Gbit/s")
-    ap.add_argument("--rates-mbit", default="", help="the measured machine's link rates, Mbit/s "
+    ap.add_argument("--study", help="a prepared study: its own workload, and its machine's measured arms")
+    ap.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)), help="host counts of the plot, e.g. 2,4,8")
+    ap.add_argument("--rates-mbit", default="", help="with --study: its machine's link rates, Mbit/s "
                                                       "(default: the rate its arms ran over)")
-    ap.add_argument("--json", help="also write every row to this file")
+    ap.add_argument("--json", help="also write everything to this file")
+    ap.add_argument("--plot", help="also draw speed ratio against link rate to this PNG")
     args = ap.parse_args(argv)
-    hosts = [int(h) for h in _floats(args.hosts)]
+    hosts = [int(h) for h in _floats(args.hosts, "--hosts")]
+    rates = _floats(args.rates_mbit, "--rates-mbit")  # checked even without --study
     if any(h < 2 for h in hosts):
         raise SystemExit("--hosts: a two-process arm needs at least 2 hosts")
+    if rates and not args.study:
+        raise SystemExit("--rates-mbit re-projects a study's own machine: it needs --study")
     out = {}
+    prep = None
     if args.study:
-        plan, measured = from_study(args.study)
-        rates = _floats(args.rates_mbit) or [measured.link_mbit]
-        out["measured"] = {"machine": measured.name, "source": measured.source, "rows": grid(measured, plan, hosts, rates)}
-        print(f"## {measured.name} ({measured.source})\n\n" + table(out["measured"]["rows"]) + "\n")
-        plan_for_hosts = full_shape(plan)
+        from gradshare import store  # MLflow: here only, with a study
+
+        prep, plan = store.prepared_plan(args.study)
+        plan, measured = ML.from_study(args.study)
+        rows = ML.grid(measured, plan, hosts, rates or [measured.link_mbit])
+        out["measured"] = {"machine": measured.name, "source": measured.source, "rows": rows}
+        print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows) + "\n")
     else:
-        from gradshare.plan import load_plan
-
-        plan_for_hosts = load_plan(args.profile, {})
-    hosts_m = study_hosts(plan_for_hosts)
-    rows = grid(hosts_m, plan_for_hosts, hosts, [r * 1e3 for r in _floats(args.rates_gbit)])
-    out["study_hosts"] = {"machine": hosts_m.name, "source": hosts_m.source, "rows": rows}
-    print(f"## {hosts_m.name}, a projection ({hosts_m.source})\n\n" + table(rows))
+        plan = load_plan("full", {})
+    p = for_plan(plan, prep, log=lambda m: print(m, flush=True), hosts=hosts)
+    out["study_hosts"] = p
+    print(f"## The study's hosts, a projection\n\n{markdown(p)}")
+    if args.plot:
+        print(f"plot: {plot(p, Path(args.plot))}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1, default=lambda x: str(x)))
-
-
-def full_shape(plan):
-    """The study's hosts' plan for a study of another profile: its infra and powersgd, the
-    full profile's model, data and schedule (a tiny study's hosts are the study's too)."""
-    from gradshare.plan import load_plan
-
-    if plan.study.profile == "full":
-        return plan
-    full = load_plan("full", {})
-    from dataclasses import replace
-
-    return replace(full, infra=plan.infra, powersgd=replace(full.powersgd, rank=plan.powersgd.rank))
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -44,8 +44,8 @@ def test_the_check_counts_host_seconds_and_cross_zone_bytes_against_the_bound():
 
 
 def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
-    from gradshare.projection import WIRE_OVERHEAD, parameter_shapes
-    from gradshare.train.powersgd import logical_bytes_per_exchange
+    from gradshare.model import parameter_shapes
+    from gradshare.wire import WIRE_OVERHEAD, logical_bytes_per_exchange
 
     plan = load_plan("tiny", {})
     shapes = parameter_shapes(plan)
@@ -121,7 +121,7 @@ def test_the_budget_check_reads_the_model_shapes_prepare_recorded(stopped_study)
     from types import SimpleNamespace
 
     from gradshare import store
-    from gradshare.projection import parameter_shapes
+    from gradshare.model import parameter_shapes
 
     study, _, _ = stopped_study
     prep, plan = store.prepared_plan(study)

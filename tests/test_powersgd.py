@@ -19,11 +19,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.two_ranks import run_two_ranks
+from gradshare.wire import logical_bytes_per_exchange, should_compress
 from gradshare.train.powersgd import (
     HostErrorPowerSGDState,
     host_error_powerSGD_hook,
     hook_for,
-    logical_bytes_per_exchange,
     make_powersgd_state,
     powerSGD_hook_cpu_safe,
 )
@@ -227,6 +227,7 @@ def _upstream_elements(shape: tuple[int, ...], rank: int, rate: float) -> int:
     n, m = matrix.shape
     r = min(n, m, rank)
     compress, uncompressed, compressed = _should_compress(n, m, r, rate)
+    assert should_compress(n, m, r, rate) == (compress, uncompressed, compressed)  # gradshare's copy of the rule
     if compress:
         assert compressed == n * r + m * r  # P (n x r) plus Q (m x r), as upstream allocates
     return compressed if compress else uncompressed

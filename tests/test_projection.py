@@ -1,102 +1,200 @@
-"""The projection (`gradshare.projection`): its arithmetic against figures worked out by hand
-here, the study's hosts from the config's own numbers, and measured inputs recovered."""
+"""The projection: the study's hosts from the prepared workload and the H200's measured cost parts
+(`gradshare.projection`, `gradshare.gpu_cost`), checked against figures worked out by hand; the
+parts fitted on one of the H200 call's workloads predict the other; shorter documents shrink the
+matrix part only; a study's own machine re-projected from its runs (`gradshare.measured_link`)."""
 from __future__ import annotations
 
 import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
+from gradshare import gpu_cost
+from gradshare import measured_link as ML
 from gradshare import projection as P
 from gradshare.plan import load_plan
+from gradshare.wire import WIRE_OVERHEAD, cross_zone_bytes, wire_bytes_per_rank
+from gradshare.workload import describe, medians
 from tests.conftest import REPO
 
 OVERHEAD = (1448 + 14 + 20 + 32) / 1448  # payload + Ethernet, IP, TCP-with-timestamps headers
+H200_RESULT = REPO / "benchmarks" / "results" / "2026-12-04-h200-a8e8d35-gpu_path.json"
 
 
-def _machine(extra=0.1, logical=1e6):
-    return P.Machine(name="m", single_s=1.0, tokens_per_update=1000, usd_per_host_hour=3.6,
-                     cross_zone_usd_per_gb=0.01, link_mbit=8.0,
-                     arms={"dense": P.ArmInputs(extra, logical)})
+def _record(n_updates=16, w1=(4096, 2), w2=(2048, 1), tokens=3000):
+    ups = [{"input_tokens": tokens, "target_tokens": tokens - 500,
+            "w1": {"padded_tokens": w1[0], "micro_batches": w1[1]},
+            "w2": {"padded_tokens": w2[0], "micro_batches": w2[1]}} for _ in range(n_updates)]
+    return {"updates": ups, "median": medians(ups), "layout": "by hand", "plan_sha256": "-"}
 
 
-def test_two_hosts_over_a_slow_link_by_hand():
+def _calibration():
+    gpu = gpu_cost.GpuRates("ref", matmul_tflops=800.0, memory_gbps=4000.0, pinned_both_gbps=100.0, source="by hand")
+    return gpu_cost.Calibration(gpu=gpu, s_per_padded_token=20e-6, s_per_micro_batch=0.005, s_fixed=0.02,
+                                dense_extra_s=0.01, compress_s=0.03, error_bytes=6e9, source="by hand", checks={})
+
+
+def test_each_part_scales_by_the_rate_it_is_bound_by():
+    target = gpu_cost.GpuRates("half", matmul_tflops=400.0, memory_gbps=1000.0, pinned_both_gbps=50.0, source="-")
+    c = _calibration().scaled_to(target)
+    parts = c.parts("powersgd", 2048, 1)
+    assert parts["matrix"] == pytest.approx(2048 * 20e-6 * 2)  # half the matrix rate
+    assert parts["micro_batches"] == pytest.approx(0.005 * 4)  # a quarter of the memory bandwidth
+    assert parts["fixed"] == pytest.approx(0.08) and parts["dense_extra"] == pytest.approx(0.04)
+    assert parts["compress"] == pytest.approx(0.12)
+    assert parts["error_copies"] == pytest.approx(2 * 6e9 / 50e9)  # up and down, both ways at once
+    assert set(c.parts("single", 1, 1)) == {"matrix", "micro_batches", "fixed"}
+
+
+def test_the_study_hosts_by_hand():
+    plan = load_plan("full", {"schedule.updates": "128"})
+    h = P.Hosts(plan, _record(n_updates=16), _calibration(), "by hand")
+    h.cost = _calibration()  # the reference GPU itself, so that the figures below are the parts'
+    single = 4096 * 20e-6 + 2 * 0.005 + 0.02
+    rank = 2048 * 20e-6 + 0.005 + 0.02
+    link = 20e9
+    dense_t = rank + 0.01 + h.dense_bytes * OVERHEAD * 8 / link  # 2 hosts: 2(W-1)/W = 1
+    assert h.dense_bytes == 4 * 1_720_574_976
+    warm = plan.powersgd.warmup_updates  # 8 plain all-reduces, then compressed
+    psgd_t = rank + 0.01 + 0.03 + 2 * 6e9 / 100e9 + h.compressed_bytes * OVERHEAD * 8 / link
+    rows = {r["arm"]: r for r in h.table(2, link / 1e6)}
+    assert rows["single"]["seconds"] == pytest.approx(16 * single)
+    assert rows["dense"]["seconds"] == pytest.approx(16 * dense_t)
+    assert rows["powersgd"]["seconds"] == pytest.approx(warm * dense_t + (16 - warm) * psgd_t)
+    assert rows["dense"]["speed_ratio"] == pytest.approx(single / dense_t)  # the same tokens, one update each
+    assert rows["dense"]["gpu_s"] == pytest.approx(2 * 16 * dense_t)
+    assert rows["dense"]["cross_zone_bytes"] == pytest.approx(16 * 2 * 2 * h.dense_bytes * OVERHEAD)
+    i = plan.infra
+    assert rows["dense"]["usd"] == pytest.approx(2 * 16 * dense_t / 3600 * i.usd_per_host_hour
+                                                 + rows["dense"]["cross_zone_bytes"] / 1e9 * i.cross_zone_usd_per_gb)
+    # four hosts keep a rank's share: the 16 updates' documents take 8 updates, each sending 1.5 B
+    four = h.arm("dense", 4, link / 1e6)
+    assert four["seconds"] == pytest.approx(8 * (rank + 0.01 + h.dense_bytes * 1.5 * OVERHEAD * 8 / link))
+
+
+def test_the_h200_parts_fitted_on_one_workload_predict_the_other_within_15_percent(tmp_path):
+    """The committed calibration is what the script makes of the committed H200 result file, and
+    fitted on either workload it predicts single, dense and powersgd on the other."""
+    out = tmp_path / "cal.json"
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "calibrate_projection.py"), str(H200_RESULT),
+                          "--memory-gbps", "4300", "--memory-source", "x", "--workdir", str(tmp_path / "w"),
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    made = json.loads(out.read_text())
+    assert len(made["checks"]) == 6
+    for name, check in made["checks"].items():
+        assert abs(check["error"]) < 0.15, name
+        assert check["measured_s"] > 0.1
+    committed = json.loads(gpu_cost.CALIBRATION.read_text())
+    for k in ("s_per_padded_token", "s_per_micro_batch", "s_fixed", "dense_extra_s", "compress_s", "error_bytes"):
+        assert made[k] == pytest.approx(committed[k], rel=1e-9), k
+
+
+class _CharTokenizer:
+    """One token per character: enough for `encode`, so that lengths are exact by construction."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1] * len(text)}
+
+
+def test_documents_half_as_long_shrink_the_matrix_part_only():
+    plan = load_plan("full", {})
+    tok = _CharTokenizer()
+
+    def record(length):
+        docs = {f"d{k:03d}": {"id": f"d{k:03d}", "prompt": "", "target": "x" * length} for k in range(64)}
+        ids = sorted(docs)
+        schedule = {"updates": [ids[:32], ids[32:]], "max_doc_tokens": 512, "target_tokens": [0, 0]}
+        return describe(plan, docs, tok, schedule)
+
+    full, half = record(100), record(50)
+    assert half["median"]["input_tokens"] == full["median"]["input_tokens"] / 2
+    h_full, h_half = (P.Hosts(plan, r, gpu_cost.load(), "by hand") for r in (full, half))
+    for arm in ("dense", "powersgd"):  # a rank's 16 documents: one micro-batch either way
+        a = h_full.cost.parts(arm, full["median"]["w2_padded_tokens"], full["median"]["w2_micro_batches"])
+        b = h_half.cost.parts(arm, half["median"]["w2_padded_tokens"], half["median"]["w2_micro_batches"])
+        assert {k for k in a if a[k] != b[k]} == {"matrix"}
+        assert b["matrix"] == pytest.approx(a["matrix"] / 2)
+
+
+def test_the_break_even_link_is_where_the_speed_screen_is_met(monkeypatch):
+    plan = load_plan("full", {})
+    h = P.Hosts(plan, _record(), _calibration(), "by hand")
+    h.cost = replace(_calibration(), compress_s=0.0, dense_extra_s=0.0, error_bytes=0.0)  # only the link stands in the way
+    b = P.break_even(h, "dense")
+    assert h.ratio("dense", 2, b["link_mbit_for_speed"]) == pytest.approx(plan.screen.speed_ratio, rel=1e-6)
+    # with the error's copies the screen cannot pass at any link
+    h.cost = _calibration()
+    slow = P.break_even(h)
+    assert slow["link_mbit_for_speed"] is None and slow["ratio_at_infinite_link"] < plan.screen.speed_ratio
+
+
+def test_the_command_prints_the_verdict_writes_the_plot_and_refuses_bad_input(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "gradshare.cli", "project", "--hosts", "2,4",
+                          "--json", str(tmp_path / "p.json"), "--plot", str(tmp_path / "p.png")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    p = json.loads((tmp_path / "p.json").read_text())["study_hosts"]
+    assert {r["arm"] for r in p["rows"]} == {"single", "dense", "powersgd"}
+    assert {c["hosts"] for c in p["curves"]} == {2, 4}
+    psgd = next(r for r in p["rows"] if r["arm"] == "powersgd")
+    assert f"| powersgd | {psgd['s_per_update']:.3f} | {psgd['speed_ratio']:.2f} |" in out.stdout
+    assert "built here by prepare's code" in out.stdout and "Break-even" in out.stdout
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    for args, says in ((["--hosts", "1"], "at least 2 hosts"), (["--rates-mbit", "abc"], "expected numbers"),
+                       (["--rates-mbit", "5"], "needs --study")):
+        bad = subprocess.run([sys.executable, "-m", "gradshare.cli", "project", *args], cwd=REPO,
+                             capture_output=True, text=True)
+        assert bad.returncode != 0 and says in bad.stderr, args
+
+
+# --- a study's own machine (gradshare.measured_link) -------------------------------------
+
+def _machine(extra=0.1, logical=1e6, link=8.0):
+    return ML.Machine(name="m", single_s=1.0, tokens_per_update=1000, usd_per_host_hour=3.6,
+                      cross_zone_usd_per_gb=0.01, link_mbit=link, arms={"dense": ML.ArmInputs(extra, logical)})
+
+
+def test_a_measured_machine_over_a_slow_link_by_hand():
     m = _machine()
     link_s = 1e6 * OVERHEAD * 8 / 8e6  # 1 MB with headers at 8 Mbit/s: 1.0456 s
     t = 0.5 + 0.1 + link_s
-    got = P.project(m, "dense", 2, 8.0, train_docs=64, docs_per_update=8)
+    got = ML.project(m, "dense", 2, 8.0, train_docs=64, docs_per_update=8)
     assert got["s_per_update"] == pytest.approx(t)
-    assert got["speed_ratio"] == pytest.approx(1 / t)  # the same tokens per update as single
     assert got["updates"] == 8 and got["gpu_s"] == pytest.approx(8 * t * 2)
-    # each of two hosts sends 1 MB (+headers) and receives as much, 8 updates
     assert got["cross_zone_bytes"] == pytest.approx(2 * 2 * 1e6 * OVERHEAD * 8)
-    assert got["usd"] == pytest.approx(8 * t * 2 / 3600 * 3.6 + got["cross_zone_bytes"] / 1e9 * 0.01)
+    assert ML.project(m, "dense", 4, 8.0, 64, 8)["s_per_update"] == pytest.approx(0.6 + 1e6 * 1.5 * OVERHEAD * 8 / 8e6)
 
 
-def test_more_hosts_keep_a_ranks_share_and_send_two_w_minus_one_over_w():
-    m = _machine()
-    t4 = 0.5 + 0.1 + 1e6 * 1.5 * OVERHEAD * 8 / 8e6
-    got = P.project(m, "dense", 4, 8.0, train_docs=64, docs_per_update=8)
-    assert got["s_per_update"] == pytest.approx(t4)
-    assert got["updates"] == 4  # 4 hosts x 4 documents: 16 documents per update
-    assert got["speed_ratio"] == pytest.approx(2 / t4)
-    assert P.project(m, "dense", 2, math.inf, 64, 8)["s_per_update"] == pytest.approx(0.6)  # loopback
-    single = P.project(m, "single", 4, 8.0, 64, 8)
-    assert single["hosts"] == 1 and single["speed_ratio"] == 1 and single["cross_zone_bytes"] == 0
+def test_one_wire_formula_for_the_budget_the_cost_table_and_the_projection():
+    assert WIRE_OVERHEAD == pytest.approx(OVERHEAD)
+    assert wire_bytes_per_rank(1e6, 2) == pytest.approx(1e6 * OVERHEAD)
+    assert cross_zone_bytes(1e6, 2) == pytest.approx(4e6 * OVERHEAD)  # two hosts, each sends and receives
+    assert cross_zone_bytes(1e6, 1) == 0
 
 
-def test_the_study_hosts_come_from_the_config_and_the_plans_declared_figures():
-    plan = load_plan("full", {})
-    cfg = json.loads((REPO / "gradshare/configs/qwen3_1p7b.json").read_text())
-    h, f, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    q = cfg["num_attention_heads"] * cfg["head_dim"]
-    kv = cfg["num_key_value_heads"] * cfg["head_dim"]
-    # per layer: q, k, v, o projections, the MLP's three, two RMSNorms and q/k norms; tied embeddings
-    layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + 2 * cfg["head_dim"]
-    params = v * h + L * layer + h
-    assert params == 1_720_574_976
-    m = P.study_hosts(plan)
-    tokens = plan.schedule.docs_per_update * plan.data.max_doc_tokens
-    assert m.single_s == pytest.approx(6 * params * tokens / (362e12 * 0.40))
-    assert m.arms["dense"].logical_bytes == 4 * params
-    assert m.arms["powersgd"].extra_s == plan.infra.powersgd_extra_s
-    assert m.arms["powersgd"].logical_bytes < m.arms["dense"].logical_bytes / 20
-    assert m.link_mbit == 20_000
-    dense = P.project(m, "dense", 2, m.link_mbit, plan.train_docs, plan.schedule.docs_per_update)
-    # 6.9 GB with headers over 20 Gbit/s: the LinkPlan docstring's 2.76 s, plus headers
-    assert dense["s_per_update"] - m.single_s / 2 == pytest.approx(4 * params * OVERHEAD * 8 / 20e9)
+def test_an_arm_measured_over_loopback_is_not_extrapolated():
+    plan = load_plan("tiny", {})
+    rows = ML.grid(_machine(link=math.inf), plan, hosts=(2, 8, 64), rates_mbit=[10.0, 100.0])
+    assert [(r["arm"], r["hosts"], r["rate_mbit"]) for r in rows] == [("single", 1, math.inf), ("dense", 2, math.inf)]
 
 
 def test_measured_inputs_are_recovered_and_reproduce_the_measurement():
     plan = load_plan("tiny", {})
-    # what a run following the model exactly would log: c1 = 0.4 s, dense x = 0.05 s at 22 Mbit/s
     b = 5.77e6
-    t = 0.2 + 0.05 + P.exchange_s(b, 2, 22.0)
+    t = 0.2 + 0.05 + ML.exchange_s(b, 2, 22.0)
     arms = {"single": {"step_s": [(u, 0.4) for u in range(1, 20)]},
             "dense": {"step_s": [(1, 9.0)] + [(u, t) for u in range(2, 20)],
                       "logical_bytes": [(u, b) for u in range(1, 20)], "link_rate_mbit": "22"},
             "powersgd": {"step_s": [(u, 0.3) for u in range(1, 20)],
                          "logical_bytes": [(u, 1e5) for u in range(1, 20)], "link_rate_mbit": "inf"}}
-    m = P.from_measurements(plan, arms, "here")
+    m = ML.from_measurements(plan, arms, "here")
     assert m.single_s == 0.4
     assert m.arms["dense"].extra_s == pytest.approx(0.05)
     assert m.arms["powersgd"].extra_s == pytest.approx(0.1)  # loopback: no link term
-    assert P.s_per_update(m, "dense", 2, 22.0) == pytest.approx(t)
+    assert ML.s_per_update(m, "dense", 2, 22.0) == pytest.approx(t)
     with pytest.raises(ValueError, match="single"):
-        P.from_measurements(plan, {k: v for k, v in arms.items() if k != "single"}, "here")
-
-
-def test_the_command_prints_the_table_and_refuses_one_host(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "gradshare.cli", "project", "--hosts", "2,4", "--rates-gbit", "20",
-                          "--json", str(tmp_path / "p.json")], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    rows = json.loads((tmp_path / "p.json").read_text())["study_hosts"]["rows"]
-    dense2 = next(r for r in rows if r["arm"] == "dense" and r["hosts"] == 2)
-    assert f"| dense | 2 | 20 Gbit/s | {dense2['s_per_update']:.3f} |" in out.stdout
-    assert {(r["arm"], r["hosts"]) for r in rows} == {("single", 1), ("dense", 2), ("dense", 4),
-                                                       ("powersgd", 2), ("powersgd", 4)}
-    bad = subprocess.run([sys.executable, "-m", "gradshare.cli", "project", "--hosts", "1"], cwd=REPO,
-                         capture_output=True, text=True)
-    assert bad.returncode != 0 and "at least 2 hosts" in bad.stderr
+        ML.from_measurements(plan, {k: v for k, v in arms.items() if k != "single"}, "here")

@@ -102,6 +102,16 @@ def shapes(width: int, budget_tokens: int) -> list[tuple[int, int]]:
     return [(n, width) for n in row_counts(budget_tokens // width)]
 
 
+def for_plan(plan, doc_ids: list[str], lengths: dict[str, int]) -> list[MicroBatch]:
+    """This rank's share of one update as the plan lays it out: by count, or packed by its token
+    budget. The update's gradient is a sum over its documents, so the layout changes rounding
+    only, never the function being computed."""
+    s = plan.schedule
+    if s.micro_batch_tokens:
+        return packed(doc_ids, lengths, plan.data.max_doc_tokens, s.micro_batch_tokens)
+    return by_count(doc_ids, lengths, s.micro_batch_docs)
+
+
 def collate(mb: MicroBatch, encoded: dict[str, tuple[list[int], list[bool]]], pad_id: int,
             pin: bool = False) -> dict[str, torch.Tensor]:
     """Host tensors of one micro-batch, each of its shape:

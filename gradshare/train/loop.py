@@ -31,9 +31,11 @@ from gradshare.metering import Clock, add_into, gather, host_counters, per_host_
 from gradshare.model import TokenLoss, collate, compile_layers
 from gradshare.plan import Plan
 from gradshare.train import batching, fullstate
+from gradshare.train.batching import for_plan as micro_batches
 from gradshare.train.graphs import StaticSteps, made_up_batch
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
-from gradshare.train.powersgd import hook_for, logical_bytes_per_exchange, make_powersgd_state, prefetch_errors
+from gradshare.train.powersgd import hook_for, make_powersgd_state, prefetch_errors
+from gradshare.wire import logical_bytes_per_exchange
 
 
 class DivergenceError(RuntimeError):
@@ -93,16 +95,6 @@ def _lr(plan: Plan, update: int) -> float:
     if o.warmup_updates and update <= o.warmup_updates:
         return o.lr * update / o.warmup_updates
     return o.lr
-
-
-def micro_batches(plan: Plan, doc_ids: list[str], lengths: dict[str, int]) -> list[batching.MicroBatch]:
-    """This rank's share of one update as micro-batches: by count, or packed by a token budget
-    (`gradshare.train.batching`). The update's gradient is a sum over its documents, so the
-    layout changes rounding only, never the function being computed."""
-    s = plan.schedule
-    if s.micro_batch_tokens:
-        return batching.packed(doc_ids, lengths, plan.data.max_doc_tokens, s.micro_batch_tokens)
-    return batching.by_count(doc_ids, lengths, s.micro_batch_docs)
 
 
 def prebuilds_buckets(plan: Plan) -> bool:

@@ -11,8 +11,8 @@ here only the bucket currently being exchanged has a transient device copy.
                                 error_feedback="fp32-host", min_compression_rate=2.0, seed=0)
     ddp_model.register_comm_hook(state, hook_for("fp32-host"))
 
-`logical_bytes_per_exchange` gives the per-rank payload that the study reports as
-communication volume.
+`gradshare.wire.logical_bytes_per_exchange` gives the per-rank payload that the study reports
+as communication volume.
 """
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
 # annotations against the real dist.GradBucket / Future classes, not strings.
@@ -449,45 +449,3 @@ def hook_for(error_feedback: str, hook: str = "upstream"):
     if hook == "fast":
         return fast_host_error_powerSGD_hook
     return host_error_powerSGD_hook if error_feedback == "fp32-host" else powerSGD_hook_cpu_safe
-
-
-def logical_bytes_per_exchange(param_shapes: list[tuple[int, ...]], element_bytes: int,
-                               rank: int | None, min_compression_rate: float = 2.0) -> int:
-    """Logical (tensor-payload) bytes one rank contributes to one gradient exchange.
-
-    This is the volume upstream PowerSGD work quotes: elements handed to all-reduce times
-    `element_bytes`. It excludes protocol overhead and the all-reduce algorithm's own
-    factor (a ring all-reduce moves about 2(W-1)/W times this over each link).
-
-    `rank=None` is the dense all-reduce. Otherwise the per-tensor rule is upstream
-    `powerSGD_hook`'s, for every `min_compression_rate`: EVERY gradient, whatever its
-    ndim, is viewed as `tensor.view(tensor.shape[0], -1)`, an n x m matrix with
-    m = numel / n (a 1-D tensor of n elements is n x 1, a conv weight (o, i, kh, kw) is
-    o x (i*kh*kw)); r = min(n, m, rank); and `_should_compress(n, m, r, rate)` decides.
-    A compressed tensor contributes its P and Q, n*r + m*r elements, an uncompressed one
-    its n*m elements; these are the amounts upstream adds to its own counter
-    `total_numel_after_compression`. So a 1-D tensor (bias, norm) of n elements is
-    compressed, into n + 1 elements (more than n), iff (n + 1) * rate < n: with a rate
-    below 1 once n is large enough (rate 0.5: n >= 2), with a rate >= 1 never.
-
-    Zero-size tensors: a shape (n, 0, ...) with n > 0 is n x 0, r = 0, not compressed,
-    0 elements, as upstream. Upstream's hook cannot handle a 0-dim tensor (`shape[0]`
-    raises IndexError) or a leading size of 0 (`view(0, -1)` raises RuntimeError), so a
-    PowerSGD run with such a parameter would fail at its first compressed exchange; here
-    such shapes count as their numel (1 and 0), uncompressed, so that the count stays
-    defined for the other arms, which share this accounting.
-    """
-    elements = 0
-    for shape in param_shapes:
-        numel = 1
-        for size in shape:
-            numel *= size
-        if rank is None or len(shape) == 0 or shape[0] == 0:
-            elements += numel
-            continue
-        n = shape[0]
-        m = numel // n
-        r = min(n, m, rank)
-        compress, uncompressed, compressed = _should_compress(n, m, r, min_compression_rate)
-        elements += compressed if compress else uncompressed
-    return elements * element_bytes

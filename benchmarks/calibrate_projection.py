@@ -1,0 +1,139 @@
+"""Fit the projection's per-update cost parts (`gradshare.gpu_cost`) to one GPU benchmark call.
+
+    python benchmarks/calibrate_projection.py benchmarks/results/2026-12-04-h200-a8e8d35-gpu_path.json \\
+        --memory-gbps 4300 --memory-source "..." --out gradshare/configs/gpu_cost_h200.json
+
+From the call's result file and its profile of the single arm's last update (on the study's
+documents): b, one micro-batch's gradient additions, and c, the clip, AdamW and zeroing, are
+the profiled update's own kernels; each update's padded tokens and micro-batches come from
+rebuilding the call's workloads and laying them out as the loop does (`gradshare.workload`).
+Then a (seconds per padded token), dense's extra and PowerSGD's compression are fitted on one
+workload's medians (updates 4..N-1) and every arm is predicted on the other; both directions
+are printed, and the fit on the study's documents is written with its checks and provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import workloads  # noqa: E402
+
+ARMS = {"study": ("single", "dense", "powersgd"), "stand-in-512": ("single-512", "dense-512", "powersgd-512")}
+FIXED_KERNELS = ("aten::_fused_adamw_", "aten::_foreach_norm", "aten::_foreach_mul_",
+                 "Optimizer.zero_grad#AdamW.zero_grad")
+ADDITIONS = "vectorized_elementwise_kernel"  # the micro-batches' gradient additions (AccumulateGrad)
+_UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def profile_rows(text: str) -> list[tuple[str, float, int]]:
+    """(name, self device seconds, calls) of each row of a `key_averages().table()`."""
+    rows = []
+    for line in text.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) < 11 or not re.match(r"[\d.]+(us|ms|s)$", cells[6]):
+            continue
+        value, unit = re.match(r"([\d.]+)(us|ms|s)$", cells[6]).groups()
+        rows.append((cells[0], float(value) * _UNIT[unit], int(cells[-1])))
+    return rows
+
+
+def memory_bound_parts(profile: str, micro_batches: int) -> tuple[float, float]:
+    """(b, c) from the profiled update: its gradient additions per micro-batch, and its fixed kernels."""
+    rows = profile_rows(profile)
+    additions = sum(t for name, t, _ in rows if ADDITIONS in name)
+    fixed = sum(max((t for name, t, _ in rows if name == k), default=0.0) for k in FIXED_KERNELS)
+    return additions / micro_batches, fixed
+
+
+def workload_figures(workload: str, workdir: Path, updates: int) -> list[dict]:
+    """Per update of the benchmark's schedule: padded tokens and micro-batches of one rank at world 1."""
+    from gradshare.workload import describe
+
+    workloads.build(workload, workdir, log=lambda *a: None)
+    docs, tokenizer, schedule = workloads.load(workload, workdir, updates)
+    record = describe(workloads.bench_plan("full", {}), docs, tokenizer, schedule)
+    return [u["w1"] for u in record["updates"]]
+
+
+def medians(result: dict, figures: list[dict], updates: int) -> dict:
+    steady = [r for r in result["rows"] if 4 <= r["update"] <= updates - 1]
+    return {"s": statistics.median(r["step_s"] for r in steady),
+            "padded": statistics.median(figures[r["update"] - 1]["padded_tokens"] for r in steady),
+            "mbs": statistics.median(figures[r["update"] - 1]["micro_batches"] for r in steady)}
+
+
+def fit(m: dict, b: float, c: float, copies: float) -> dict:
+    single, dense, psgd = m
+    a = (single["s"] - b * single["mbs"] - c) / single["padded"]
+    dense_extra = dense["s"] - (a * dense["padded"] + b * dense["mbs"] + c)
+    compress = psgd["s"] - (a * psgd["padded"] + b * psgd["mbs"] + c) - dense_extra - copies
+    return {"s_per_padded_token": a, "dense_extra_s": dense_extra, "compress_s": compress}
+
+
+def predict(parts: dict, b: float, c: float, copies: float, m: dict, arm: str) -> float:
+    t = parts["s_per_padded_token"] * m["padded"] + b * m["mbs"] + c
+    if arm != "single":
+        t += parts["dense_extra_s"]
+    if arm == "powersgd":
+        t += parts["compress_s"] + copies
+    return t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("result")
+    ap.add_argument("--profile", help="the single arm's profile (default: beside the result file)")
+    ap.add_argument("--memory-gbps", type=float, required=True, help="the GPU's memory bandwidth, GB/s")
+    ap.add_argument("--memory-source", required=True, help="where that figure comes from")
+    ap.add_argument("--workdir", default="/tmp/gradshare-calibrate")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    from gradshare.gpu_cost import Calibration, GpuRates
+    from gradshare.model import parameter_shapes
+    from gradshare.plan import load_plan
+
+    path = Path(args.result)
+    data = json.loads(path.read_text())
+    updates = data["env"]["updates"]
+    res = {r["config"]: r for r in data["results"]}
+    cal = data["calibrate"]
+    profile = Path(args.profile or str(path).replace("gpu_path.json", "profile_single.txt"))
+    figures = {w: workload_figures(w, Path(args.workdir), updates) for w in ARMS}
+    m = {w: [medians(res[name], figures[w], updates) for name in names] for w, names in ARMS.items()}
+    b, c = memory_bound_parts(profile.read_text(), figures["study"][updates - 1]["micro_batches"])
+    params = sum(__import__("math").prod(s) for s in parameter_shapes(load_plan("full")))
+    error_bytes = 4 * params
+    copies = 2 * error_bytes / (cal["copy_gbps"]["both"] * 1e9)
+    checks, fitted = {}, {}
+    for on, other in (("study", "stand-in-512"), ("stand-in-512", "study")):
+        fitted[on] = fit(m[on], b, c, copies)
+        for arm, got in zip(("single", "dense", "powersgd"), m[other]):
+            want = predict(fitted[on], b, c, copies, got, arm)
+            checks[f"fitted on {on}, {arm} on {other}"] = {"predicted_s": want, "measured_s": got["s"],
+                                                           "error": want / got["s"] - 1}
+    for k, v in checks.items():
+        print(f"{k:<45} predicted {v['predicted_s']:.3f} s, measured {v['measured_s']:.3f} s ({v['error']:+.1%})")
+    e = data["env"]
+    gpu = GpuRates(name=e["device"], matmul_tflops=cal["matmul_tflops"], memory_gbps=args.memory_gbps,
+                   pinned_both_gbps=cal["copy_gbps"]["both"],
+                   source=f"measured on one {e['device']} on {e['date']} at commit {e['commit']} "
+                          f"(benchmarks/gpu_path.py: matrix rate and pinned copies in the same call); "
+                          f"memory bandwidth: {args.memory_source}")
+    out = Calibration(gpu=gpu, s_fixed=c, s_per_micro_batch=b, error_bytes=error_bytes, checks=checks,
+                      source=f"{path.name}: b and c from its profiled update of single (study's documents), "
+                             f"a, dense's and PowerSGD's extras fitted on the study's documents (medians of "
+                             f"updates 4..{updates - 1}), checked on the 512-token stand-ins",
+                      **fitted["study"])
+    print(json.dumps(out.to_dict(), indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out.to_dict(), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
