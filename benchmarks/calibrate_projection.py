@@ -89,8 +89,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("result")
     ap.add_argument("--profile", help="the single arm's profile (default: beside the result file)")
-    ap.add_argument("--memory-gbps", type=float, required=True, help="the GPU's memory bandwidth, GB/s")
-    ap.add_argument("--memory-source", required=True, help="where that figure comes from")
+    ap.add_argument("--memory-gbps", type=float, help="the GPU's memory bandwidth, GB/s (default: the "
+                                                      "call's own device copy, where it measured one)")
+    ap.add_argument("--memory-source", default="", help="where --memory-gbps comes from")
     ap.add_argument("--workdir", default="/tmp/gradshare-calibrate")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -103,6 +104,11 @@ def main(argv=None) -> None:
     updates = data["env"]["updates"]
     res = {r["config"]: r for r in data["results"]}
     cal = data["calibrate"]
+    memory, memory_source = args.memory_gbps, args.memory_source
+    if memory is None:
+        if not cal.get("device_copy_gbps"):
+            ap.error("this call measured no device copy: give --memory-gbps and --memory-source")
+        memory, memory_source = cal["device_copy_gbps"], "a device-to-device copy in the same call"
     profile = Path(args.profile or str(path).replace("gpu_path.json", "profile_single.txt"))
     figures = {w: workload_figures(w, Path(args.workdir), updates) for w in ARMS}
     m = {w: [medians(res[name], figures[w], updates) for name in names] for w, names in ARMS.items()}
@@ -120,11 +126,11 @@ def main(argv=None) -> None:
     for k, v in checks.items():
         print(f"{k:<45} predicted {v['predicted_s']:.3f} s, measured {v['measured_s']:.3f} s ({v['error']:+.1%})")
     e = data["env"]
-    gpu = GpuRates(name=e["device"], matmul_tflops=cal["matmul_tflops"], memory_gbps=args.memory_gbps,
+    gpu = GpuRates(name=e["device"], matmul_tflops=cal["matmul_tflops"], memory_gbps=memory,
                    pinned_both_gbps=cal["copy_gbps"]["both"],
                    source=f"measured on one {e['device']} on {e['date']} at commit {e['commit']} "
                           f"(benchmarks/gpu_path.py: matrix rate and pinned copies in the same call); "
-                          f"memory bandwidth: {args.memory_source}")
+                          f"memory bandwidth: {memory_source}")
     out = Calibration(gpu=gpu, s_fixed=c, s_per_micro_batch=b, error_bytes=error_bytes, checks=checks,
                       source=f"{path.name}: b and c from its profiled update of single (study's documents), "
                              f"a, dense's and PowerSGD's extras fitted on the study's documents (medians of "

@@ -230,6 +230,26 @@ def matmul_tflops(device) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
+def device_copy_gbps(device, gib: int = 4) -> float:
+    """Device memory bandwidth, GB/s, counting bytes read and written: a large device-to-device copy
+    (the rate the projection scales memory-bound work by, `gradshare.gpu_cost`)."""
+    import torch
+
+    n = gib * 2**30 // 4
+    a, b = torch.randn(n, device=device), torch.empty(n, device=device)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n * 4 / statistics.median(times) / 1e9
+
+
 def copy_gbps(device, gib: int = 2) -> dict:
     """Pinned host <-> GPU copy rates, GB/s: each direction, and both at once on two streams
     (the floor of moving the FP32 error both ways)."""
@@ -317,8 +337,8 @@ def calibrate(device) -> dict:
     import torch
 
     if device.type != "cuda":
-        return {"matmul_tflops": None, "copy_gbps": None, "numerics": None}
-    out = {"matmul_tflops": matmul_tflops(device)}
+        return {"matmul_tflops": None, "device_copy_gbps": None, "copy_gbps": None, "numerics": None}
+    out = {"matmul_tflops": matmul_tflops(device), "device_copy_gbps": device_copy_gbps(device)}
     torch.cuda.empty_cache()
     out["copy_gbps"] = copy_gbps(device)
     torch.cuda.empty_cache()
