@@ -1,7 +1,7 @@
 """Fit the projection's per-update cost parts (`gradshare.gpu_cost`) to one GPU benchmark call.
 
     python benchmarks/calibrate_projection.py benchmarks/results/2026-12-04-h200-a8e8d35-gpu_path.json \\
-        --memory-gbps 4300 --memory-source "..." --out gradshare/configs/gpu_cost_h200.json
+        --memory-gbps 4300 --memory-source "..." --out gradshare/calibration/gpu_cost_h200.json
 
 From the call's result file and its profile of the single arm's last update (on the study's
 documents): b, one micro-batch's gradient additions, and c, the clip, AdamW and zeroing, are

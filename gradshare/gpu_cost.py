@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-CALIBRATION = Path(__file__).parent / "configs" / "gpu_cost_h200.json"
+CALIBRATION = Path(__file__).parent / "calibration" / "gpu_cost_h200.json"
 
 
 @dataclass(frozen=True)
