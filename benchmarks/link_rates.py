@@ -1,7 +1,8 @@
 """Benchmark: the tiny arms over loopback and across two emulated hosts at three link rates,
-with the projection of this machine (`gradshare.measured_link`) from the loopback runs beside each measurement.
+with the projection of this machine (`gradshare.measured_link`) beside each measurement.
 
     sudo python benchmarks/link_rates.py --out link_rates.json          # ~15 min on 2 cores
+    python benchmarks/link_rates.py --refit link_rates.json --fit-rate 11   # re-project a saved result
     python benchmarks/link_rates.py --log link_rates.json --benchmarks-md BENCHMARKS.md
         # log a result file to MLflow ($MLFLOW_TRACKING_URI or sqlite:///mlflow.db, experiment
         # gradshare-benchmarks) and append its table to BENCHMARKS.md
@@ -14,8 +15,10 @@ directory (a file both namespaces see):
     compute (no link at all) and its logical bytes per update;
   - at each rate: dense and powersgd across two emulated hosts (`gradshare.emulated`), the
     rate shaped with tc tbf in each direction.
-The projected s/update at each rate comes only from the loopback study; the measured one
-is the median over updates after warm-up (powersgd) or after update 2 (dense), as the
+The projection's c1, x(arm) and B(arm) come from the loopback study; each arm's link efficiency
+e(arm) (how much of the shaped rate TCP gives its all-reduce) from its run at the fit rate, the
+plan's link, alone. The other rates are predictions, checked against their runs (the issue's
+10%). The measured s/update is the median over updates after warm-up (powersgd) or after update 2 (dense), as the
 projection's inputs are. Root, `ip` and `tc` are needed (the script says so otherwise).
 """
 from __future__ import annotations
@@ -91,6 +94,9 @@ def run(args) -> dict:
     reason = netns.unavailable()
     if reason:
         raise SystemExit(f"link_rates: cannot make emulated hosts here: {reason}")
+    fit_rate = args.fit_rate
+    if fit_rate not in args.rates:
+        raise SystemExit(f"link_rates: --fit-rate {fit_rate:g} is not among --rates {args.rates}")
     root = Path(tempfile.mkdtemp(prefix="gradshare-linkbench-"))
     plan = load_plan("tiny", OVERRIDES)
     skip = {"single": 2, "dense": 2, "powersgd": max(plan.powersgd.warmup_updates, 2)}
@@ -101,12 +107,8 @@ def run(args) -> dict:
     _prepare("linkbench-loopback", OVERRIDES)
     for arm in ("single", "dense", "powersgd"):
         _train_loopback("linkbench-loopback", arm)
-    loop = {arm: _arm_figures("linkbench-loopback", arm, skip[arm]) for arm in ("single", "dense", "powersgd")}
-    data["links"]["loopback"] = loop
-    machine = P.from_measurements(plan, loop, "this machine, from its loopback runs")
-    data["inputs"] = {"single_s": machine.single_s,
-                      "extra_s": {a: i.extra_s for a, i in machine.arms.items()},
-                      "logical_bytes": {a: i.logical_bytes for a, i in machine.arms.items()}}
+    data["links"]["loopback"] = {arm: _arm_figures("linkbench-loopback", arm, skip[arm])
+                                 for arm in ("single", "dense", "powersgd")}
     for rate in args.rates:
         study = f"linkbench-{rate:g}mbit"
         _in_store(root / f"{study}.db")
@@ -116,10 +118,36 @@ def run(args) -> dict:
             if not run_arm_across(study, arm, rate, plan.arms.timeout_s(UPDATES) + 300):
                 raise SystemExit(f"link_rates: arm {arm} at {rate:g} Mbit/s failed")
             got[arm] = _arm_figures(study, arm, skip[arm])
-            got[arm]["projected_s"] = P.s_per_update(machine, arm, 2, rate)
         data["links"][f"{rate:g}"] = got
     data["wall_s"] = time.perf_counter() - t0
     data["env"] = _env()
+    return project(data, fit_rate)
+
+
+def project(data: dict, fit_rate: float) -> dict:
+    """`data` with the projection of this machine beside each measurement: c1, x(arm) and B(arm)
+    from the loopback runs; each arm's link efficiency e(arm) fitted on its run at `fit_rate`; every
+    other rate is then a prediction the runs at that rate never fed (`gradshare.measured_link`)."""
+    from gradshare import measured_link as P
+    from gradshare.plan import load_plan
+
+    plan = load_plan("tiny", data["overrides"])
+    loopback = P.from_measurements(plan, data["links"]["loopback"], "this machine, from its loopback runs")
+    fit_key = f"{fit_rate:g}"
+    if fit_key not in data["links"]:
+        raise SystemExit(f"link_rates: no runs at the fit rate {fit_key} Mbit/s (have {', '.join(data['links'])})")
+    machine = P.with_link_efficiency(loopback, plan, data["links"][fit_key])
+    data["fit_rate_mbit"] = fit_rate
+    data["inputs"] = {"single_s": machine.single_s,
+                      "extra_s": {a: i.extra_s for a, i in machine.arms.items()},
+                      "logical_bytes": {a: i.logical_bytes for a, i in machine.arms.items()},
+                      "link_efficiency": {a: i.link_efficiency for a, i in machine.arms.items()}}
+    for link, arms in data["links"].items():
+        if link == "loopback":
+            continue
+        for arm, got in arms.items():
+            got["projected_s"] = P.s_per_update(machine, arm, 2, float(link))
+            got["fitted"] = link == fit_key
     return data
 
 
@@ -143,7 +171,8 @@ def table_rows(data: dict) -> list[dict]:
                    "process_s": a["process_s"], "logical_bytes": a["logical_bytes_total"],
                    "wire_tx": [a.get(f"host{j}_wire_tx") for j in (0, 1)],
                    "measured_s": a["median_s"], "projected_s": a.get("projected_s")}
-            if row["projected_s"]:
+            row["fitted"] = a.get("fitted", False)
+            if row["projected_s"] and not row["fitted"]:
                 row["error"] = row["projected_s"] / row["measured_s"] - 1
             rows.append(row)
     return rows
@@ -158,6 +187,10 @@ def markdown(data: dict) -> str:
           f"latency). Projection inputs from the loopback runs alone: one device's update "
           f"{i['single_s']:.3f} s; arms' own seconds " + ", ".join(f"{a} {x:+.3f}" for a, x in i["extra_s"].items())
           + "; logical bytes per update " + ", ".join(f"{a} {b:,.0f}" for a, b in i["logical_bytes"].items())
+          + "; link efficiency e(arm), fitted on the runs at "
+          + f"{data.get('fit_rate_mbit', 22):g} Mbit/s (the plan's link) alone, "
+          + ", ".join(f"{a} {x:.2f}" for a, x in i.get("link_efficiency", {}).items())
+          + ": the other rates are predictions"
           + f". Medians after update 2 (powersgd: after its warm-up). Whole run {data['wall_s']:.0f} s.", "",
           "| link | arm | active tokens/s | speed ratio vs single | process-s | logical bytes per host | "
           "wire tx host 0 / host 1 | s/update measured | projected | error |",
@@ -165,7 +198,7 @@ def markdown(data: dict) -> str:
     for r in table_rows(data):
         wire = " / ".join(f"{w:,.0f}" if w is not None else "-" for w in r["wire_tx"])
         proj = f"{r['projected_s']:.3f}" if r["projected_s"] else "-"
-        err = f"{r['error']:+.1%}" if "error" in r else "-"
+        err = f"{r['error']:+.1%}" if "error" in r else ("fitted" if r["fitted"] else "-")
         md.append(f"| {r['link']} | {r['arm']} | {r['active_tokens_per_s']:,.0f} | {r['speed_ratio']:.2f} | "
                   f"{r['process_s']:.1f} | {r['logical_bytes']:,.0f} | {wire} | {r['measured_s']:.3f} | {proj} | {err} |")
     return "\n".join(md) + "\n"
@@ -184,7 +217,9 @@ def log_to_mlflow(path: Path, experiment: str = "gradshare-benchmarks") -> str:
             mlflow.log_metrics({f"{key}/measured_s": r["measured_s"], f"{key}/speed_ratio": r["speed_ratio"],
                                 f"{key}/active_tokens_per_s": r["active_tokens_per_s"]})
             if r["projected_s"]:
-                mlflow.log_metrics({f"{key}/projected_s": r["projected_s"], f"{key}/error": r["error"]})
+                mlflow.log_metric(f"{key}/projected_s", r["projected_s"])
+            if "error" in r:
+                mlflow.log_metric(f"{key}/error", r["error"])
         mlflow.log_artifact(str(path))
         mlflow.log_text(markdown(data), "table.md")
         return run.info.run_id
@@ -193,11 +228,23 @@ def log_to_mlflow(path: Path, experiment: str = "gradshare-benchmarks") -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES), help="Mbit/s, comma-separated")
+    ap.add_argument("--fit-rate", type=float, default=22.0,
+                    help="Mbit/s whose runs fit each arm's link efficiency (the plan's link); the others are predicted")
+    ap.add_argument("--refit", help="recompute the projection of this result JSON (e.g. another --fit-rate) and print it")
     ap.add_argument("--out", help="write the result JSON here (and print its table)")
     ap.add_argument("--log", help="log this result JSON to MLflow instead of running")
     ap.add_argument("--benchmarks-md", help="with --log: append the table to this file")
     args = ap.parse_args(argv)
-    args.rates = [float(x) for x in args.rates.split(",")]
+    try:
+        args.rates = [float(x) for x in args.rates.split(",")]
+    except ValueError:
+        ap.error(f"--rates takes Mbit/s separated by commas, got {args.rates!r}")
+    if args.refit:
+        data = project(json.loads(Path(args.refit).read_text()), args.fit_rate)
+        if args.out:
+            Path(args.out).write_text(json.dumps(data, indent=1))
+        print(markdown(data))
+        return
     if args.log:
         run_id = log_to_mlflow(Path(args.log))
         if args.benchmarks_md:

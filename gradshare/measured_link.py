@@ -3,7 +3,7 @@ from their measurements: how the emulated hosts' runs check the projection's lin
 (`benchmarks/link_rates.py`), and the report's *this study's machine* table.
 
     t(single)    = c1
-    t(arm, W, R) = c1 x s + x(arm) + wire_bytes_per_rank(B(arm), W) x 8 / R
+    t(arm, W, R) = c1 x s + x(arm) + wire_bytes_per_rank(B(arm), W) x 8 / (R x e(arm))
 
     c1      the single arm's median seconds per update
     s       one rank's share of an update's documents in the plan's two-process arms, 1/2, kept for
@@ -11,6 +11,11 @@ from their measurements: how the emulated hosts' runs check the projection's lin
     x(arm)  what the arm's own median seconds per update leave after c1 x s and the exchange the
             model gives for the link it ran over (`link_rate_mbit`: the emulated rate, or `inf`)
     B(arm)  its median logical bytes per update after warm-up
+    e(arm)  the link's efficiency for the arm's exchange: 1 unless the arm was measured twice, over
+            loopback (which gives x) and across a link (which gives e, `with_link_efficiency`).
+            TCP on a shaped link carries a large all-reduce below its rate (slow start after each
+            idle compute phase; 0.86-0.90 for the tiny dense arm), while an arm whose exchange
+            overlaps its backward shows e above 1; with one measurement per arm, x absorbs both
 
 An arm measured over loopback never crossed a link: it is shown at loopback and two hosts only,
 never extrapolated to links or host counts it did not cross. Latency is not modelled (the
@@ -36,6 +41,8 @@ class ArmInputs:
     """x(arm): seconds per update beyond compute and link."""
     logical_bytes: float
     """B(arm): one rank's logical bytes per update, post warm-up."""
+    link_efficiency: float = 1.0
+    """e(arm): measured seconds of the model's exchange / seconds the arm's exchange took."""
 
 
 @dataclass(frozen=True)
@@ -54,18 +61,19 @@ class Machine:
     """Median seconds per update as measured, where the inputs came from runs."""
 
 
-def exchange_s(logical_bytes: float, world: int, rate_mbit: float) -> float:
-    """Seconds one rank's ring all-reduce of `logical_bytes` takes on a link of `rate_mbit`."""
+def exchange_s(logical_bytes: float, world: int, rate_mbit: float, efficiency: float = 1.0) -> float:
+    """Seconds one rank's ring all-reduce of `logical_bytes` takes on a link of `rate_mbit` that
+    carries it at `efficiency` of its rate."""
     if world <= 1 or math.isinf(rate_mbit):
         return 0.0
-    return wire_bytes_per_rank(logical_bytes, world) * 8 / (rate_mbit * 1e6)
+    return wire_bytes_per_rank(logical_bytes, world) * 8 / (rate_mbit * 1e6 * efficiency)
 
 
 def s_per_update(m: Machine, arm: str, world: int, rate_mbit: float) -> float:
     if arm == "single":
         return m.single_s
     a = m.arms[arm]
-    return m.single_s * TWO_HOST_SHARE + a.extra_s + exchange_s(a.logical_bytes, world, rate_mbit)
+    return m.single_s * TWO_HOST_SHARE + a.extra_s + exchange_s(a.logical_bytes, world, rate_mbit, a.link_efficiency)
 
 
 def project(m: Machine, arm: str, world: int, rate_mbit: float, train_docs: int, docs_per_update: int) -> dict:
@@ -125,6 +133,36 @@ def from_measurements(plan, arms: dict[str, dict], name: str) -> Machine:
                    cross_zone_usd_per_gb=i.cross_zone_usd_per_gb,
                    link_mbit=rates.pop() if len(rates) == 1 else float("nan"), arms=inputs,
                    source="medians of the study's measured seconds and logical bytes per update", measured_s=measured)
+
+
+def with_link_efficiency(m: Machine, plan, arms: dict[str, dict]) -> Machine:
+    """`m` (from loopback runs: c1 and x) with each arm's link efficiency fitted from the same arm
+    measured across a link (`arms[arm]` as in `from_measurements`, with its `link_rate_mbit`):
+    e = the model's exchange seconds / (measured seconds - c1 x s - x). Fitted at one rate, the
+    machine is then a prediction at every other rate, never a check of the rate it was fitted on."""
+    if not math.isinf(m.link_mbit):
+        raise ValueError("a link efficiency is fitted on a machine measured over loopback (its x free of any link)")
+    skip = max(plan.powersgd.warmup_updates, 2)  # as `from_measurements` reads the loopback runs
+    fitted, measured, rates = dict(m.arms), dict(m.measured_s or {}), set()
+    for arm, got in arms.items():
+        rate = _rate(got.get("link_rate_mbit"))
+        if arm not in m.arms or rate is None or math.isinf(rate):
+            continue
+        a = m.arms[arm]
+        t = _median_after(got["step_s"], skip)
+        link_s = t - m.single_s * TWO_HOST_SHARE - a.extra_s
+        if link_s <= 0:
+            raise ValueError(f"{arm} at {rate:g} Mbit/s took {t:.3f} s, no more than over loopback: "
+                             "no link time to fit an efficiency on")
+        fitted[arm] = ArmInputs(a.extra_s, a.logical_bytes, exchange_s(a.logical_bytes, 2, rate) / link_s)
+        measured[arm] = t
+        rates.add(rate)
+    if len(rates) != 1:
+        raise ValueError(f"fit the link efficiency on one link rate, got {sorted(rates) or 'none'}")
+    return Machine(name=m.name, single_s=m.single_s, tokens_per_update=m.tokens_per_update,
+                   usd_per_host_hour=m.usd_per_host_hour, cross_zone_usd_per_gb=m.cross_zone_usd_per_gb,
+                   link_mbit=rates.pop(), arms=fitted, measured_s=measured,
+                   source=m.source + "; each arm's link efficiency fitted on its run across the link")
 
 
 def from_study(study: str) -> tuple[object, Machine]:

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,67 @@ def test_measured_inputs_are_recovered_and_reproduce_the_measurement():
     assert ML.s_per_update(m, "dense", 2, 22.0) == pytest.approx(t)
     with pytest.raises(ValueError, match="single"):
         ML.from_measurements(plan, {k: v for k, v in arms.items() if k != "single"}, "here")
+
+
+def _runs(t, b, rate, n=20):
+    return {"step_s": [(u, t) for u in range(1, n)], "logical_bytes": [(u, b) for u in range(1, n)],
+            "link_rate_mbit": rate}
+
+
+def test_a_link_efficiency_fitted_at_one_rate_predicts_another():
+    """An arm whose exchange crossed the link at 80% of its rate: fitted at 22 Mbit/s from the
+    loopback machine and one run, the prediction at 11 Mbit/s is the hand-computed one."""
+    plan = load_plan("tiny", {})
+    b, c1, x, e = 5.77e6, 0.4, 0.05, 0.8
+    wire_s = lambda rate: b * OVERHEAD * 8 / (rate * 1e6)  # one rank's share of a two-rank ring
+    loop = ML.from_measurements(plan, {"single": {"step_s": [(u, c1) for u in range(1, 20)]},
+                                       "dense": _runs(c1 / 2 + x, b, "inf")}, "here")
+    at22 = c1 / 2 + x + wire_s(22.0) / e
+    m = ML.with_link_efficiency(loop, plan, {"dense": _runs(at22, b, "22")})
+    assert m.arms["dense"].link_efficiency == pytest.approx(e)
+    assert m.arms["dense"].extra_s == pytest.approx(x)
+    assert m.link_mbit == 22.0 and m.measured_s["dense"] == pytest.approx(at22)
+    assert ML.s_per_update(m, "dense", 2, 11.0) == pytest.approx(c1 / 2 + x + wire_s(11.0) / e)
+    # without the efficiency the same machine under-predicts the slow link by the lost fifth
+    assert ML.s_per_update(loop, "dense", 2, 11.0) == pytest.approx(c1 / 2 + x + wire_s(11.0))
+
+
+def test_a_link_efficiency_needs_a_loopback_machine_and_one_rate_with_link_time():
+    plan = load_plan("tiny", {})
+    b = 5.77e6
+    loop = ML.from_measurements(plan, {"single": {"step_s": [(u, 0.4) for u in range(1, 20)]},
+                                       "dense": _runs(0.25, b, "inf"), "powersgd": _runs(0.3, 1e5, "inf")},
+                                "here")
+    with pytest.raises(ValueError, match="no link time"):
+        ML.with_link_efficiency(loop, plan, {"dense": _runs(0.25, b, "22")})
+    with pytest.raises(ValueError, match="one link rate"):
+        ML.with_link_efficiency(loop, plan, {"dense": _runs(3.0, b, "22"), "powersgd": _runs(1.0, 1e5, "44")})
+    with pytest.raises(ValueError, match="one link rate"):
+        ML.with_link_efficiency(loop, plan, {"dense": _runs(3.0, b, "inf")})
+    linked = ML.with_link_efficiency(loop, plan, {"dense": _runs(3.0, b, "22")})
+    with pytest.raises(ValueError, match="loopback"):
+        ML.with_link_efficiency(linked, plan, {"dense": _runs(3.0, b, "22")})
+
+
+def test_the_link_benchmark_refits_a_recorded_result(tmp_path):
+    """`benchmarks/link_rates.py --refit` on the 12-04 CPU result: the plan's 22 Mbit/s runs are
+    marked fitted, the 11 and 44 Mbit/s rows are predictions with an error each; a bad rate list
+    is refused by name."""
+    recorded = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-12-04-cpu-5280656-link_rates.json"
+    out = tmp_path / "refit.json"
+    done = subprocess.run([sys.executable, "benchmarks/link_rates.py", "--refit", str(recorded), "--out", str(out)],
+                          cwd=recorded.parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["fit_rate_mbit"] == 22.0 and set(data["inputs"]["link_efficiency"]) == {"dense", "powersgd"}
+    for link, arms in data["links"].items():
+        for arm, got in arms.items():
+            if link == "loopback":
+                assert "projected_s" not in got
+            else:
+                assert got["fitted"] == (link == "22")
+    assert "| 22 Mbit/s | dense |" in done.stdout and "fitted |" in done.stdout
+    assert done.stdout.count("%") >= 4  # four predicted rows carry an error
+    bad = subprocess.run([sys.executable, "benchmarks/link_rates.py", "--rates", "abc"], cwd=recorded.parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--rates" in bad.stderr
