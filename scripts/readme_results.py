@@ -3,25 +3,36 @@
     python scripts/readme_results.py            # run the first command here, rewrite the block
     python scripts/readme_results.py --check    # run it, exit 1 if the block's numbers differ
     python scripts/readme_results.py --from-log out.txt   # rewrite from a saved run's output
+    python scripts/readme_results.py --versions # the versions a block written here records
 
 The block between `<!-- results:begin -->` and `<!-- results:end -->` in README.md holds
 two parts. "Reproduces exactly" is what the command prints that depends only on the
-inputs and the code (accuracies, paired changes, retention, the quality screen, each
-arm's final loss and checkpoint hash, the inputs hash): `--check` compares exactly this
-with a fresh run of the same commit. "Measured" (step seconds, throughput, the speed
-ratio, dollars) moves with the machine and its load: it is given as measured, with the
-machine, the commit and the date, and is never compared.
+inputs, the code and the versions of the packages that compute them (accuracies, paired
+changes, retention, the quality screen, each arm's final loss and the hash of its weights'
+content, the inputs hash): `--check` compares exactly this with a fresh run of the same
+commit. Its `Versions:` line records those versions (the ones prepare's manifest records,
+`gradshare.sources`) as installed where the block was written; `constraints.txt` installs
+them. When a line differs, `--check` names every version that differs, installed vs
+recorded, and exits 1. "Measured" (step seconds, throughput, the speed ratio, dollars)
+moves with the machine and its load: it is given as measured, with the machine, the
+commit and the date, and is never compared.
+
+`--from-log` writes the versions installed where the script runs: give it a log made there.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
+import json
 import os
 import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from gradshare.sources import numerical_sources
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -76,6 +87,38 @@ def exact_part(r: dict) -> list[str]:
     return out + [""] + r["exact"]
 
 
+def installed_versions() -> dict[str, str]:
+    """Python's version and the packages' that shape the numbers, as installed here: the same
+    list prepare's manifest records (`gradshare.sources`)."""
+    sources = numerical_sources(0)
+    return {"python": sources["python"], **{k: v or "none" for k, v in sources["packages"].items()}}
+
+
+VERSIONS = "Versions: "
+
+
+def versions_line(versions: dict[str, str]) -> str:
+    return VERSIONS + ", ".join(f"{name} {v}" for name, v in versions.items())
+
+
+def recorded_versions(block: str) -> dict[str, str] | None:
+    """The versions the block's `Versions:` line records; from a block written before that
+    line existed, the few its "Measured on" line named; None if it names none."""
+    line = next((l for l in block.splitlines() if l.startswith(VERSIONS)), None)
+    if line is not None:
+        return dict(item.strip().split(" ", 1) for item in line[len(VERSIONS):].split(","))
+    measured = next((l for l in block.splitlines() if l.startswith("**Measured** on")), "")
+    old = dict(re.findall(r"\b(Python|torch|transformers|accelerate|mlflow) ([^\s,]+)", measured))
+    return {k.lower(): v for k, v in old.items()} or None
+
+
+def version_differences(installed: dict[str, str], recorded: dict[str, str]) -> list[str]:
+    """`name: installed X, recorded Y` for every version that differs, in the recorded order."""
+    names = list(recorded) + [n for n in installed if n not in recorded]
+    return [f"{n}: installed {installed.get(n, 'none')}, recorded {recorded.get(n, 'nothing')}"
+            for n in names if installed.get(n) != recorded.get(n)]
+
+
 def machine() -> str:
     cpu = ""
     try:
@@ -83,9 +126,7 @@ def machine() -> str:
                    if l.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor()
-    from importlib.metadata import version
-    return (f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, torch {version('torch')}, "
-            f"transformers {version('transformers')}, accelerate {version('accelerate')}, mlflow {version('mlflow')}")
+    return f"{os.cpu_count()} cores ({cpu})"
 
 
 def commit() -> str:
@@ -103,12 +144,15 @@ def block(r: dict) -> str:
         f"Written by `scripts/readme_results.py` from a run of the first command above at commit "
         f"{commit()} on {dt.date.today().isoformat()}.",
         "",
-        "**Reproduces exactly** (same commit, same kind of machine: `python scripts/readme_results.py "
-        "--check` runs the command and compares):",
+        "**Reproduces exactly** (same commit, the versions below, which `constraints.txt` installs: "
+        "`python scripts/readme_results.py --check` runs the command, compares, and names any version "
+        "that differs):",
         "",
         "```", *exact_part(r), "```",
         "",
-        f"**Measured** on {machine()} — these move with the machine and its load:",
+        versions_line(installed_versions()),
+        "",
+        f"**Measured** on {machine()} with those versions — these move with the machine and its load:",
         "",
         f"- whole study {r['total_s']} s; step seconds: {r['steps']}",
         "",
@@ -123,26 +167,51 @@ def current_block() -> str:
     return text[text.index(BEGIN):text.index(END) + len(END)]
 
 
-def exact_in_readme() -> list[str]:
-    b = current_block()
-    part = b[b.index("**Reproduces exactly**"):b.index("**Measured**")]
+def exact_in_block(block: str) -> list[str]:
+    part = block[block.index("**Reproduces exactly**"):block.index("**Measured**")]
     return part.split("```")[1].strip("\n").splitlines()
+
+
+def check(got: list[str], block: str, installed: dict[str, str]) -> tuple[bool, list[str]]:
+    """Whether this run's exact part equals the block's, and what to print: the lines that
+    differ and, when any do, the versions that differ between here and the block."""
+    want = exact_in_block(block)
+    recorded = recorded_versions(block)
+    versions = version_differences(installed, recorded) if recorded is not None else None
+    if got == want:
+        out = ["README results block reproduces exactly"]
+        if versions:
+            out += ["(with other versions than the block records: " + "; ".join(versions) + ")"]
+        return True, out
+    out = list(difflib.unified_diff(want, got, "README.md", "this run", lineterm=""))
+    if versions is None:
+        out += ["The README block records no versions: regenerate it with `python scripts/readme_results.py` "
+                "to compare them."]
+    elif versions:
+        out += ["Versions that differ (installed here vs recorded in README.md):", *(f"  {v}" for v in versions),
+                "Install the recorded ones with `pip install -e . -c constraints.txt` and run --check again."]
+    else:
+        out += ["Every recorded version is installed here: the difference is the code's or the machine's, "
+                "not a package's."]
+    return False, out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare instead of rewriting")
     ap.add_argument("--from-log", help="a saved output of the first command instead of running it")
+    ap.add_argument("--versions", action="store_true", help="print the versions installed here (JSON) and exit")
     args = ap.parse_args(argv)
+    if args.versions:
+        print(json.dumps(installed_versions()))
+        return
     log = Path(args.from_log).read_text() if args.from_log else run_first_command()
     r = parse(log)
     if args.check:
-        got, want = exact_part(r), exact_in_readme()
-        if got != want:
-            import difflib
-            print("\n".join(difflib.unified_diff(want, got, "README.md", "this run", lineterm="")))
+        same, report = check(exact_part(r), current_block(), installed_versions())
+        print("\n".join(report))
+        if not same:
             raise SystemExit("README results differ from this run of the first command")
-        print("README results block reproduces exactly")
         return
     text = README.read_text()
     README.write_text(text.replace(current_block(), block(r)))
