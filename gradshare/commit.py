@@ -3,16 +3,19 @@
 The commit is claimed in the study's ledger (`gradshare.claims`): of two commits at
 once exactly one proceeds, and it refuses while an arm still runs. It seals what the
 ledger holds before its own claim: for each arm of the plan, every attempt with its
-status and reason, and the arm's outcome — its FINISHED attempt with the checkpoint
-hash, or its last FAILED attempt with the reason. An arm never attempted counts as
-unavailable and gets a FAILED train run created for it (with the reason it was refused,
-if it was), so that it stays visible. The commitment is `commitment.json` on the commit
-run; from then on `train` refuses new candidates and `score` accepts only the committed
-bytes.
+status and reason, and the arm's outcome — its FINISHED attempt with the checkpoint's
+weights hash (`hashing.checkpoint_sha256`, the tag train recorded) and the bytes of its
+config and tokenizer files, or its last FAILED attempt with the reason. An arm never
+attempted counts as unavailable and gets a FAILED train run created for it (with the
+reason it was refused, if it was), so that it stays visible. The commitment is
+`commitment.json` on the commit run; from then on `train` refuses new candidates and
+`score` accepts only the committed bytes.
 """
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
+from pathlib import Path
 
 from gradshare import claims
 from gradshare import store
@@ -30,8 +33,10 @@ def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -
     finished = [a for a in attempts if a["status"] == "FINISHED" and a.get("checkpoint_sha256")]
     if finished:
         a = finished[0]
+        with tempfile.TemporaryDirectory(prefix="gradshare-commit-") as tmp:
+            files = store.checkpoint_files(a["run_id"], Path(tmp))
         return {"arm": arm, "run_id": a["run_id"], "status": "FINISHED",
-                "checkpoint_sha256": a["checkpoint_sha256"], "attempts": attempts}
+                "checkpoint_sha256": a["checkpoint_sha256"], "checkpoint_files": files, "attempts": attempts}
     if attempts:
         a = attempts[-1]
         reason = a["failure_reason"] or f"train run ended {a['status']} without a reason"

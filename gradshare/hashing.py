@@ -62,6 +62,13 @@ def checkpoint_weight_files(directory: str | Path) -> list[Path]:
                           f"`save_pretrained(..., safe_serialization=True)`)")
 
 
+def checkpoint_side_files(entries: list[dict]) -> list[dict]:
+    """The entries (`file_entries`) of a checkpoint's files other than its weights: config,
+    generation config, tokenizer, shard index. `checkpoint_sha256` leaves them out; the
+    commitment seals their bytes, since the scored model is built from its config.json."""
+    return [e for e in entries if not e["path"].endswith(".safetensors")]
+
+
 def checkpoint_sha256(directory: str | Path) -> str:
     """A checkpoint's identity: SHA-256 over its weights' content, not over its files.
 
@@ -72,22 +79,28 @@ def checkpoint_sha256(directory: str | Path) -> str:
     same weights saved by another transformers hash the same. One tensor is read at a time.
     """
     import torch  # heavy: only the steps that read checkpoints (train, score) pay for it
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     with contextlib.ExitStack() as stack:
         where = {}  # tensor name -> the open shard that holds it
         for f in checkpoint_weight_files(directory):
-            st = stack.enter_context(safe_open(str(f), framework="pt"))
+            try:
+                st = stack.enter_context(safe_open(str(f), framework="pt"))
+            except SafetensorError as exc:
+                raise CheckpointError(f"{f} is not a readable safetensors file ({exc})") from None
             for name in st.keys():
                 if name in where:
                     raise CheckpointError(f"tensor {name!r} is in more than one shard of {directory}: "
                                           f"the checkpoint's shards overlap")
-                where[name] = st
+                where[name] = (f, st)
         h = hashlib.sha256()
         for name in sorted(where):
-            st = where[name]
-            raw = st.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy()
-            sl = st.get_slice(name)
+            f, st = where[name]
+            try:
+                raw = st.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy()
+                sl = st.get_slice(name)
+            except SafetensorError as exc:
+                raise CheckpointError(f"tensor {name!r} of {f} cannot be read ({exc})") from None
             h.update(json.dumps([name, sl.get_dtype(), list(sl.get_shape()), raw.nbytes],
                                 separators=(",", ":")).encode("utf-8") + b"\n")
             h.update(memoryview(raw))

@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from gradshare import tracking as T
-from gradshare.hashing import file_entries, sha256_file, tree_sha256
+from gradshare.hashing import (CheckpointError, checkpoint_sha256, checkpoint_side_files, file_entries,
+                               sha256_file, tree_sha256)
 from gradshare.plan import Plan, plan_from_dict
 
 # What each step may read of the prepare run's inputs: train never sees the test set.
@@ -90,18 +91,44 @@ def commitment(study: str) -> tuple[object, dict]:
     return run, json.loads(T.download(run.info.run_id, "commitment.json").read_text())
 
 
+def checkpoint_files(run_id: str, workdir: Path) -> list[dict]:
+    """The train run's checkpoint files other than its weights (config, tokenizer), as
+    `{path, bytes, sha256}`: what the commitment seals beside the weights' content hash."""
+    c, names, dirs = T.client(), [], ["checkpoint"]
+    while dirs:
+        for a in c.list_artifacts(run_id, dirs.pop()):
+            (dirs if a.is_dir else names).append(a.path)
+    side = [n for n in names if not n.endswith(".safetensors")]
+    for name in side:
+        T.download(run_id, name, workdir / Path(name).parent)
+    return checkpoint_side_files(file_entries(workdir / "checkpoint")) if side else []
+
+
 def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
-    """Download each committed FINISHED arm's checkpoint; refuse any whose hash moved."""
+    """Download each committed FINISHED arm's checkpoint; refuse any that moved: weights
+    whose content hash (`hashing.checkpoint_sha256`) differs from the one sealed, or (where
+    the commitment seals them) a config or tokenizer file whose bytes differ."""
     out = {}
     for entry in commitment["arms"]:
         if entry["status"] != "FINISHED":
             continue
         path = T.download(entry["run_id"], "checkpoint", root / T.safe_artifact_path(entry["arm"]))
-        got = tree_sha256(file_entries(path))
+        what = f"checkpoint of arm {entry['arm']} (run {entry['run_id']})"
+        try:
+            got = checkpoint_sha256(path)
+        except CheckpointError as exc:
+            raise T.StudyError(f"{what} cannot be read: {exc}; refusing to score") from None
         if got != entry["checkpoint_sha256"]:
             raise T.StudyError(
-                f"checkpoint of arm {entry['arm']} (run {entry['run_id']}) hashes to {got[:16]}…, but "
-                f"the commitment sealed {entry['checkpoint_sha256'][:16]}…: it changed after commit; "
-                f"refusing to score")
+                f"{what} has weights that hash to {got[:16]}…, but the commitment sealed "
+                f"{entry['checkpoint_sha256'][:16]}…: it changed after commit; refusing to score")
+        if "checkpoint_files" in entry:
+            sealed = {e["path"]: e for e in entry["checkpoint_files"]}
+            now = {e["path"]: e for e in checkpoint_side_files(file_entries(path))}
+            moved = sorted(p for p in sealed.keys() | now.keys() if sealed.get(p) != now.get(p))
+            if moved:
+                raise T.StudyError(f"{what}: {', '.join(moved)} differ from the files the commitment sealed "
+                                   f"(the model is built from its config.json): it changed after commit; "
+                                   f"refusing to score")
         out[entry["arm"]] = path
     return out

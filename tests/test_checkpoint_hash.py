@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from gradshare import store
+from gradshare import tracking as T
 from gradshare.hashing import CheckpointError, checkpoint_sha256
 
 WEIGHTS = {
@@ -113,3 +117,61 @@ def test_a_folder_without_safetensors_weights_is_refused_naming_it(tmp_path):
     next(sharded.glob("model-00002-*.safetensors")).unlink()
     with pytest.raises(CheckpointError, match="names shards that are not in"):
         checkpoint_sha256(sharded)
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{not json}")
+    with pytest.raises(CheckpointError, match="is not a readable safetensors file"):
+        checkpoint_sha256(tmp_path / "ckpt")
+
+
+class LocalStore:
+    """A run's artifacts in a local folder, read the way `gradshare.tracking` reads them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def download(self, run_id, artifact_path, dst=None):
+        dst = Path(dst)
+        dst.mkdir(parents=True, exist_ok=True)
+        src = self.root / run_id / artifact_path
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / src.name)
+        return dst / src.name
+
+    def list_artifacts(self, run_id, path):
+        return [SimpleNamespace(path=p.relative_to(self.root / run_id).as_posix(), is_dir=p.is_dir())
+                for p in sorted((self.root / run_id / path).iterdir())]
+
+
+@pytest.fixture
+def trained(tmp_path, monkeypatch):
+    """One FINISHED arm's checkpoint in a local artifact store, and its commitment entry as
+    commit writes it (the weights' hash from train's tag, the other files' bytes)."""
+    runs = LocalStore(tmp_path / "store")
+    ckpt = checkpoint(runs.root / "run1" / "checkpoint")
+    (ckpt / "tokenizer.json").write_text('{"version": "1.0"}')
+    monkeypatch.setattr(T, "download", runs.download)
+    monkeypatch.setattr(T, "client", lambda: runs)
+    entry = {"arm": "single", "run_id": "run1", "status": "FINISHED", "checkpoint_sha256": checkpoint_sha256(ckpt),
+             "checkpoint_files": store.checkpoint_files("run1", tmp_path / "commit")}
+    return ckpt, {"arms": [entry]}
+
+
+def test_the_commitment_seals_the_config_and_tokenizer_bytes_beside_the_weights(trained, tmp_path):
+    ckpt, commitment = trained
+    [entry] = commitment["arms"]
+    assert [e["path"] for e in entry["checkpoint_files"]] == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+    assert store.verified_checkpoints(commitment, tmp_path / "score") == {"single": tmp_path / "score/single/checkpoint"}
+
+
+@pytest.mark.parametrize("change", ["one weight byte", "config.json", "a new file"])
+def test_a_checkpoint_changed_after_commit_is_refused_before_scoring(trained, tmp_path, change):
+    ckpt, commitment = trained
+    if change == "one weight byte":
+        data = bytearray((ckpt / "model.safetensors").read_bytes())
+        data[-1] ^= 1
+        (ckpt / "model.safetensors").write_bytes(bytes(data))
+    elif change == "config.json":  # same weights, another model: untie the embeddings
+        (ckpt / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": False}))
+    else:
+        (ckpt / "chat_template.jinja").write_text("{{ messages }}")
+    with pytest.raises(T.StudyError, match="changed after commit; refusing to score") as err:
+        store.verified_checkpoints(commitment, tmp_path / "score")
+    assert "arm single (run run1)" in str(err.value)

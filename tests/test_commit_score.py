@@ -130,6 +130,25 @@ def test_a_checkpoint_altered_after_commit_is_refused(partial_study, mlflow_serv
     assert len(T.search(study, "score", "seed")) == scored_before  # refused before scoring anything
 
 
+def test_a_config_altered_after_commit_is_refused_though_the_weights_are_the_same(partial_study, mlflow_server):
+    """The weights' hash leaves config.json out (it carries transformers' version), but score
+    builds the model from it: the commitment seals its bytes beside the weights."""
+    study, c = partial_study
+    single = next(e for e in c["arms"] if e["arm"] == "single")
+    assert "config.json" in {f["path"] for f in single["checkpoint_files"]}
+    [path] = list(mlflow_server.artifacts.rglob(f"{single['run_id']}/artifacts/checkpoint/config.json"))
+    original = path.read_text()
+    path.write_text(original.replace('"tie_word_embeddings": true', '"tie_word_embeddings": false'))
+    assert path.read_text() != original
+    try:
+        proc = run_entry("score", "--study", study, check=False)
+    finally:
+        path.write_text(original)
+    assert proc.returncode != 0
+    reason = T.search(study, "score", status="FAILED")[-1].data.tags[T.FAILURE]
+    assert "config.json differ" in reason and "changed after commit" in reason
+
+
 def test_only_the_seed_and_finished_arms_are_scored(partial_scored):
     scored = {r.data.tags[T.ARM] for r in T.search(partial_scored, "score", status="FINISHED") if T.ARM in r.data.tags}
     assert scored == {"seed", "single"}
