@@ -32,9 +32,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradshare.sources import numerical_sources
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from any directory, installed or not
+    sys.path.insert(0, str(REPO))
+
+from gradshare.sources import numerical_sources  # noqa: E402
+
 README = REPO / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 # Verdict-table lines that move with the machine's speed or price; all others reproduce.
