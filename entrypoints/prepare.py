@@ -55,6 +55,26 @@ def main(argv=None) -> None:
             shutil.rmtree(inputs, ignore_errors=True)
         print(f"[gradshare] prepared study {args.study!r}: plan_sha256 {plan.sha256()}, "
               f"run {run.info.run_id}")
+        if note := device_note(plan):
+            print(note, flush=True)
+            mlflow.set_tag("gradshare.device_note", note)
+
+
+def device_note(plan) -> str | None:
+    """One line where the plan's arms need GPUs this machine lacks: prepare itself runs anywhere,
+    and says so instead of leaving the surprise to train."""
+    if plan.hardware.device != "cuda":
+        return None
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    a = plan.arms
+    need = {arm: a.processes(arm) for arm in a.names}
+    if have >= max(need.values()):
+        return None
+    arms = ", ".join(f"{arm} {n} GPU{'s' if n > 1 else ''}" for arm, n in need.items())
+    return (f"[gradshare] note: this plan's arms run on CUDA GPUs ({arms}; a two-GPU arm may use two hosts with "
+            f"one each) and this machine has {have}: prepare is done here, train the arms where the GPUs are")
 
 
 def _refuse_before_any_run(ap, args, overrides: dict) -> None:

@@ -23,6 +23,7 @@ left as it was.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from entrypoints.common import parse, study_parser
@@ -69,6 +70,14 @@ def main(argv=None) -> None:
     if args.resume_from:
         resume = _checked_resume(args.study, args.arm, args.resume_from)
         os.environ["MLFLOW_RUN_ID"] = args.resume_from  # the stopped run, reopened: one run per attempt
+    import mlflow
+
+    # MLflow's system metrics: a sample every 2 s, each logged as taken (its defaults, 10 s and
+    # one sample, leave an arm shorter than 10 s without any)
+    mlflow.set_system_metrics_sampling_interval(2)
+    mlflow.set_system_metrics_samples_before_logging(1)
+    # ... and without its INFO lines at each start and stop ("Skip logging GPU metrics", ...)
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     with T.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
                      system_metrics=True) as run:
         summary = run_arm(args.study, args.arm, run, launch, args.full_state_every, resume)

@@ -7,6 +7,9 @@
     GRADSHARE_INJECT_KILL_AT=U:R  rank R is killed (SIGKILL, no cleanup) at the start of update U
     GRADSHARE_INJECT_SLOW_S=S     every update takes S seconds longer (rank 0 sleeps inside
                                   the update's clock), so that deadlines and budgets are reached
+    GRADSHARE_INJECT_KILL_LAUNCHER=1  once rank 0 has written the final checkpoint, the train step
+                                  that launched the workers is killed (SIGKILL): the workers
+                                  must record the arm without it
 
 Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
 """
@@ -21,6 +24,8 @@ NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
 HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
 SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
 KILL_ENV = "GRADSHARE_INJECT_KILL_AT"
+KILL_LAUNCHER_ENV = "GRADSHARE_INJECT_KILL_LAUNCHER"
+DRIVER_PID_ENV = "GRADSHARE_DRIVER_PID"  # set by the driver for its workers
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,14 @@ class Faults:
     slow_s: float = 0.0
     kill_at: int = 0
     kill_rank: int = 0
+    kill_launcher: bool = False
+
+    def after_checkpoint(self) -> None:
+        if self.kill_launcher:
+            pid = int(os.environ[DRIVER_PID_ENV])
+            print(f"[gradshare] fault injection ({KILL_LAUNCHER_ENV}): the launcher (pid {pid}) killed",
+                  flush=True)
+            os.kill(pid, signal.SIGKILL)
 
     def during_update(self, rank: int, sleep=time.sleep) -> None:
         if self.slow_s and rank == 0:
@@ -67,4 +80,5 @@ def from_env(env=None) -> Faults:
                          f"{HANG_ENV}={hang!r} and {KILL_ENV}={kill!r} must be UPDATE:RANK (e.g. 3:1) and "
                          f"{SLOW_ENV}={slow!r} "
                          f"seconds; unset them to train without faults") from None
-    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank)
+    launcher = env.get(KILL_LAUNCHER_ENV, "").strip().lower() in ("1", "true", "yes")
+    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher)

@@ -51,9 +51,18 @@ def build_model(config, seed: int, device: str | torch.device = "cpu"):
     return model
 
 
+def _quiet_transformers() -> None:
+    """No progress bars from transformers 5's loading and saving ("Loading weights", "Writing
+    model shards"): a step's output is its own progress lines and one-line reasons."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_model(path: str | Path, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
+    _quiet_transformers()
     path = Path(path)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no Hugging Face model in {path}: expected config.json and weights")
@@ -140,6 +149,7 @@ def seed_model(plan, inputs_dir: str | Path, device: str | torch.device = "cpu")
 def save_model(model, tokenizer, out_dir: str | Path) -> Path:
     """Weights (safetensors), config and tokenizer: a checkpoint folder that describes itself."""
     out_dir = Path(out_dir)
+    _quiet_transformers()
     model.save_pretrained(str(out_dir), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))

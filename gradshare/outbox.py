@@ -105,6 +105,7 @@ class Outbox:
         f = self.dir / JOURNAL
         self._records = [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
         self._error: BaseException | None = None
+        self._hold = False  # the store refused a record (`keep`): what follows waits for an upload
         self._thread = None
         if background:
             self._wake, self._closing = threading.Event(), threading.Event()
@@ -150,8 +151,40 @@ class Outbox:
             self._append(rec | {"local": str(copy)})
         self._kick()
 
+    def keep(self, local: str | Path, artifact_path: str) -> Exception | None:
+        """A file or directory that must survive any fault of the store: journaled first (copied
+        beside the journal unless it already lies inside this outbox), then sent. Returns None
+        when it is in the store or waits for a lost server; the store's error when a server that
+        answers refused it (full, read-only): it then waits here, and so does every record after
+        it, until `gradshare upload` (nothing is tried again in this process)."""
+        from gradshare.tracking import safe_artifact_path
+
+        local = Path(local)
+        safe_artifact_path(artifact_path)
+        if not local.resolve().is_relative_to(self.dir.resolve()):
+            copy = self.dir / "files" / f"{len(self._records):06d}" / local.name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if local.is_dir() else shutil.copy2)(local, copy)
+            local = copy
+        self._append({"kind": "artifacts", "local": str(local), "artifact_path": artifact_path})
+        try:
+            self.deliver(force=True)
+        except Exception as exc:  # noqa: BLE001 - the store's own answer: the caller says it
+            self._hold = True
+            return exc
+        return None
+
+    def hold(self) -> None:
+        """Journal what follows without sending it (records already wait behind one the store
+        refused: sending them again would only be refused again)."""
+        self._hold = True
+
     def end(self, status: str, tags: dict | None = None) -> None:
-        """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED)."""
+        """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED). Where
+        the journal already ends with the run's end (the arm's worker recorded it, and its
+        records wait for the store), that end stands: nothing is added after it."""
+        if any(r["kind"] == "end" for r in self._records[self._delivered():]):
+            return
         self._add({"kind": "end", "status": status, "tags": {k: str(v) for k, v in (tags or {}).items()},
                    "time_ms": int(time.time() * 1000)})
 
@@ -235,6 +268,8 @@ class Outbox:
         self._kick()
 
     def _kick(self) -> None:
+        if self._hold:
+            return
         if self._thread is not None:
             self._wake.set()
         else:

@@ -1,8 +1,9 @@
 """The study plan: every number of `STUDY.md`, in one frozen, typed object.
 
 Nothing else in gradshare holds a study number. Each concern is one frozen
-dataclass; the whole plan is `Plan`. Two profiles exist: `tiny` (the embedded
-default, a CPU laptop in minutes) and `full` (the 1.7B study on GPUs).
+dataclass; the whole plan is `Plan`. Three profiles exist: `tiny` (the embedded
+default, a CPU laptop in minutes), `smoke` (the whole study in about two minutes, the
+test suite's) and `full` (the 1.7B study on GPUs).
 
     from gradshare.plan import load_plan
     plan = load_plan("tiny", {"schedule.updates": "8", ...})
@@ -32,7 +33,7 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class StudyPlan:
     profile: str = "tiny"
-    """`tiny` (CPU, minutes) or `full` (the 1.7B study on GPUs)."""
+    """`tiny` (CPU, minutes), `smoke` (CPU, about two minutes) or `full` (the 1.7B study on GPUs)."""
     seed: int = 20261202
     """The one screening seed: data generation, schedule order, model init, RNG."""
 
@@ -360,6 +361,17 @@ class Plan:
 # The full profile differs only where a 1.7B model on GPUs needs it to.
 PROFILES: dict[str, dict[str, str]] = {
     "tiny": {},
+    # The study's shape (four families, three arms, warm-up before compression, rank 32, global
+    # normalisation) at the smallest counts that still exercise every step: 4 x 12 + 16 = 64
+    # documents = 8 updates x 8, compression from update 3, a 512-token vocabulary. The whole
+    # study in about two minutes on 2 cores; the test suite's small studies are this profile.
+    "smoke": {
+        "study.profile": "smoke",
+        "data.train_per_family": "12", "data.test_per_family": "8", "data.replay_docs": "16",
+        "data.retention_probes": "8", "data.pretrain_docs": "32", "schedule.updates": "8",
+        "schedule.docs_per_update": "8", "schedule.micro_batch_docs": "2", "model.pretrain_steps": "12",
+        "model.vocab_size": "512", "powersgd.warmup_updates": "2", "scoring.max_new_tokens": "8",
+    },
     "full": {
         "study.profile": "full",
         "model.source": "random-qwen3-1.7b",

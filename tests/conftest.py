@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gradshare.plan import PROFILES
 from gradshare.server import NO_JOBS
 from gradshare.train.driver import free_port
 
@@ -32,13 +33,9 @@ PLANTED_SECRETS = {
     "DATABASE_PASSWORD": "planted-db-password-0001"}
 os.environ.update(PLANTED_SECRETS)
 
-# 4 x 12 + 16 = 64 = 8 updates x 8 documents; compression from update 3.
-SMALL = {
-    "data.train_per_family": "12", "data.test_per_family": "8", "data.replay_docs": "16",
-    "data.retention_probes": "8", "data.pretrain_docs": "32", "schedule.updates": "8",
-    "schedule.docs_per_update": "8", "schedule.micro_batch_docs": "2", "model.pretrain_steps": "12",
-    "model.vocab_size": "512", "powersgd.warmup_updates": "2", "scoring.max_new_tokens": "8",
-}
+# The `smoke` profile's counts (gradshare.plan.PROFILES): the suite's small studies are that profile,
+# as overrides, so that a test may change any of them.
+SMALL = {k: v for k, v in PROFILES["smoke"].items() if k != "study.profile"}
 
 
 def wait_until_serving(proc: subprocess.Popen, uri: str, log: Path, timeout_s: float = 120) -> None:
@@ -257,7 +254,7 @@ def partial_scored(partial_study):
 @pytest.fixture(scope="session")
 def first_command_study(mlflow_server):
     """The README's first command (`mlflow run . -e study -P new_study=true`, no experiment
-    name) on the small plan: its two-process arms cross two emulated hosts where this machine
+    name) on the `smoke` profile, the whole study: its two-process arms cross two emulated hosts where this machine
     can make them (root), else loopback. Its runs are kept as they ended (test_newcomer later
     archives the study by preparing a new one of the same name; run ids stay valid).
 
@@ -267,8 +264,9 @@ def first_command_study(mlflow_server):
     from gradshare import tracking as T
 
     study = "whole-study"
-    args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}"]
-    for k, v in {**SMALL, "model.pretrain_steps": "2", "link.rate_mbit": "200"}.items():
+    args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}",
+            "-P", "profile=smoke"]
+    for k, v in {"model.pretrain_steps": "2", "link.rate_mbit": "200"}.items():
         args += ["-P", f"{k}={v}"]
     default_before = len(T.client().search_runs(["0"]))
     # No grace: a step that mistook the live launcher (or a sibling) for an orphan shows at once.

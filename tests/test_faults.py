@@ -1,16 +1,21 @@
 """Faults injected for real that FAULTS.md lists and no other module covers: a whole arm
-stopped with SIGTERM, or with Ctrl-C (SIGINT to its process group), ends FAILED with the reason and the last completed update, and leaves
-no worker process behind; a disk that fills while the checkpoint is written fails the arm
-with that reason, and nothing partial is taken for a checkpoint (a real tmpfs; skipped
-with the reason where none can be mounted)."""
+stopped with SIGTERM, or with Ctrl-C (SIGINT to its process group), ends FAILED with the
+reason and the last completed update, and leaves no worker process behind. Faults of the
+environment never cost the arm its attempt or its weights: a disk without room for the
+checkpoint is refused before the claim, naming the bytes; a full artifact store after the
+last update leaves the weights in the outbox for `gradshare upload`; a launcher killed after
+the workers finished leaves the arm FINISHED. The small disks are real tmpfs mounts (the
+suite runs as root)."""
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -78,38 +83,6 @@ def _tmpfs(path, size: str):
     return made.returncode == 0, made.stderr.strip()
 
 
-def test_a_full_disk_while_writing_the_checkpoint_fails_the_arm_and_no_partial_checkpoint_is_taken(
-        mlflow_server, tmp_path):
-    study = "full-disk-study"
-    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
-    # room for the verified inputs (the seed model among them), not for them and the checkpoint
-    [prep] = T.search(study, "prepare")
-    inputs = sum(f.file_size or 0 for f in _walk(prep.info.run_id, "inputs"))
-    disk = tmp_path / "small-disk"
-    ok, why = _tmpfs(disk, f"{int(inputs * 1.25) // 1024 + 64}k")
-    if not ok:
-        pytest.skip(f"no tmpfs here: {why}")
-    try:
-        proc = run_entry("train", "--study", study, "--arm", "single", check=False, env={"TMPDIR": str(disk)})
-        assert proc.returncode != 0
-        [run] = T.search(study, "train", "single")
-        assert run.info.status == "FAILED"
-        assert "No space left on device" in run.data.tags[T.FAILURE], run.data.tags[T.FAILURE]
-        # every update trained: the disk filled while the step-8 checkpoint was written
-        assert len(T.client().get_metric_history(run.info.run_id, M.STEP_S)) == 8
-        assert T.CKPT_SHA not in run.data.tags  # nothing was taken for a checkpoint
-        assert not [a for a in T.client().list_artifacts(run.info.run_id) if a.path == "checkpoint"]
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
-
-
-def _walk(run_id: str, path: str) -> list:
-    out = []
-    for a in T.client().list_artifacts(run_id, path):
-        out += _walk(run_id, a.path) if a.is_dir else [a]
-    return out
-
-
 def test_every_row_of_faults_md_names_tests_that_exist():
     """FAULTS.md's last column: `tests/file.py::test_name` (or `...::test_name`, the same file as
     the name before it, or a whole `tests/file.py`); each must be a test in the suite."""
@@ -128,3 +101,99 @@ def test_every_row_of_faults_md_names_tests_that_exist():
             if test:
                 assert re.search(rf"^def {re.escape(test)}\(", current.read_text(), re.M), \
                     f"{name}: no such test in {current.name}"
+
+
+def test_a_disk_without_room_for_the_checkpoint_is_refused_before_the_claim_naming_the_bytes(
+        mlflow_server, tmp_path):
+    """The outbox, where rank 0 writes the final checkpoint, on a 1 MiB disk: refused before
+    any update and before the attempt is claimed, with the bytes needed and free."""
+    import json
+    import math
+
+    study = "small-outbox-study"
+    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}))
+    disk = tmp_path / "tiny-disk"
+    ok, why = _tmpfs(disk, "1m")
+    assert ok, f"no tmpfs here (the suite runs as root): {why}"
+    try:
+        proc = run_entry("train", "--study", study, "--arm", "single", check=False,
+                         env={"GRADSHARE_OUTBOX": str(disk / "outbox")})
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert proc.returncode != 0
+    [run] = T.search(study, "train", "single")
+    reason = run.data.tags[T.FAILURE]
+    assert run.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in run.data.tags, reason
+    free, need = (int(x.replace(",", "")) for x in re.search(r"has ([\d,]+) bytes free.*needs ([\d,]+)", reason).groups())
+    shapes = json.loads(T.download(T.prepare_run(study).info.run_id, "model_shapes.json").read_text())["shapes"]
+    assert need == int(sum(math.prod(s) for s in shapes) * 4 * 1.05) + 64 * 2**20  # FP32 weights and slack
+    assert free <= 2**20
+    assert not T.client().get_metric_history(run.info.run_id, M.STEP_S)  # not one update
+
+
+def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_upload_completes_the_arm(tmp_path):
+    """A server of its own whose artifact store (a tmpfs) is full once the study is prepared:
+    the arm trains every update, the store refuses the checkpoint, the weights stay in the
+    run's outbox and the run says how to finish; with room made, `gradshare upload` completes
+    the arm FINISHED with the checkpoint the run's hash names."""
+    import mlflow
+
+    from gradshare.hashing import checkpoint_sha256
+    from tests.conftest import MlflowServer
+
+    store = tmp_path / "server" / "artifacts"
+    ok, why = _tmpfs(store, "64m")
+    assert ok, f"no tmpfs here (the suite runs as root): {why}"
+    server = None
+    try:
+        server = MlflowServer(tmp_path / "server").start()
+        env = {"MLFLOW_TRACKING_URI": server.uri, "GRADSHARE_OUTBOX": str(tmp_path / "outbox")}
+        c = mlflow.MlflowClient(tracking_uri=server.uri)
+        study = "full-store-study"
+        run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1"}), env=env)
+        filler = store / "filler"
+        with open(filler, "wb") as fh:  # all but 256 KiB: the run's small records fit, its weights do not
+            fh.write(b"\0" * (shutil.disk_usage(store).free - 256 * 1024))
+        proc = run_entry("train", "--study", study, "--arm", "single", check=False, env=env)
+        assert proc.returncode != 0
+        exp = c.get_experiment_by_name(study)
+        [run] = c.search_runs([exp.experiment_id], f"tags.`{T.STEP}` = 'train'")
+        reason = run.data.tags[T.FAILURE]
+        kept = tmp_path / "outbox" / run.info.run_id
+        assert run.info.status == "FAILED" and "the artifact store refused the trained checkpoint" in reason, reason
+        assert f"gradshare upload {kept}" in reason and "MlflowException" in reason, reason  # the store's answer
+        assert len(c.get_metric_history(run.info.run_id, M.STEP_S)) == 8  # every update trained
+        weights = kept / "checkpoint" / "model.safetensors"
+        assert weights.stat().st_size > 256 * 1024
+        filler.unlink()  # room made
+        up = subprocess.run([sys.executable, "-m", "gradshare.cli", "upload", str(kept)], cwd=REPO,
+                            env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        run = c.get_run(run.info.run_id)
+        assert run.info.status == "FINISHED" and T.FAILURE not in run.data.tags
+        got = tmp_path / "got"
+        got.mkdir()
+        path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="checkpoint",
+                                                   dst_path=str(got), tracking_uri=server.uri)
+        assert checkpoint_sha256(path) == run.data.tags[T.CKPT_SHA]
+        assert (Path(path) / "model.safetensors").read_bytes() == weights.read_bytes()
+    finally:
+        if server is not None:
+            server.stop()
+        subprocess.run(["umount", str(store)], capture_output=True)
+
+
+def test_a_launcher_killed_after_the_workers_finish_leaves_the_arm_finished(stopped_study):
+    """The train step SIGKILLed once rank 0 has written the final checkpoint
+    (`GRADSHARE_INJECT_KILL_LAUNCHER`): the worker records the result and ends the run itself."""
+    proc = run_entry("train", "--study", stopped_study, "--arm", "single", check=False,
+                     env={"GRADSHARE_INJECT_KILL_LAUNCHER": "1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    # run_entry returned at the end of its output: every worker had exited by then
+    [run] = T.search(stopped_study, "train", "single")
+    assert run.info.status == "FINISHED" and T.FAILURE not in run.data.tags, run.data.tags.get(T.FAILURE)
+    assert T.CKPT_SHA in run.data.tags
+    assert [a.path for a in T.client().list_artifacts(run.info.run_id) if a.path == "checkpoint"]
+    assert len(T.client().get_metric_history(run.info.run_id, M.STEP_S)) == 8
+    left = [p for p in psutil.process_iter(["cmdline"]) if run.info.run_id in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]

@@ -92,6 +92,12 @@ def test_a_killed_rank_ends_the_arm_failed_with_its_last_update_and_no_process_l
         assert run.info.status == "FAILED"
         reason = run.data.tags[T.FAILURE]
         assert reason.endswith(f"; last completed update {SAVED} of {UPDATES}"), reason
+        # one line: the rank, its host, the signal; the chain of errors in an artifact instead
+        victim = 0 if arm == "single" else 1
+        assert reason.startswith(f"arm {arm}: rank {victim} on host ") and "killed by SIGKILL" in reason, reason
+        assert "\n" not in reason and len(reason) < 300 and "RuntimeError" not in reason, reason
+        details = T.download(run.info.run_id, "failure/details.txt").read_text()
+        assert "SIGKILL" in details or "exitcode  : -9" in details, details[-2000:]
         # from the last logged update to the run's end: the survivors' exit, the launcher's wait
         last = max(m.timestamp for m in T.client().get_metric_history(run.info.run_id, M.STEP_S))
         took_s = (run.info.end_time - last) / 1000

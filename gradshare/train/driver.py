@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradshare import claims
+from gradshare import faults
 from gradshare import limits
-from gradshare import metering
 from gradshare import metrics as M
 from gradshare import store
 from gradshare import tracking as T
-from gradshare.hashing import sha256_text
 from gradshare.outbox import Outbox
 from gradshare.plan import Plan
+from gradshare.train import failures
 
 RESUMED = "gradshare.resumed_from_update"  # the updates a run was resumed after, comma-separated
 # Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
@@ -58,10 +58,13 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
                         f"{launch.num_machines} machines")
     per_host, have = need // launch.num_machines, torch.cuda.device_count()
     if have < per_host:
-        raise T.Refusal(
-            f"arm {arm} needs {need} CUDA device(s) ({per_host} on this host with num_machines="
-            f"{launch.num_machines}), found {have}: run it on a host with {per_host} GPU(s) or pass "
-            f"the second host with -P num_machines=2 -P main_process_ip=HOST")
+        where = "a machine with a CUDA GPU" if per_host == 1 else f"a host with {per_host} CUDA GPUs"
+        hint = f"run it on {where}"
+        if need > 1 and launch.num_machines == 1:
+            hint += (f", or on two hosts with one GPU each (-P num_machines=2 -P machine_rank=0|1 "
+                     f"-P main_process_ip=HOST on both)")
+        raise T.Refusal(f"arm {arm} needs {need} CUDA device(s), {per_host} on this host, and this host has "
+                        f"{have}: {hint}; nothing was trained, no attempt used")
 
 
 def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
@@ -141,9 +144,16 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
     from gradshare import outbox
 
-    # the workers keep their records where this step looks for them (`gradshare.outbox`)
-    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan),
-                                          **{outbox.ENV: str(outbox.root())}))
+    # The workers' and the launcher's stderr (library warnings, tracebacks, torch elastic's
+    # failure summary) go to a file, the run's log: the console gets gradshare's own lines from
+    # it, and a failure one line (`failures`). A file, not a pipe: the workers outlive this
+    # process if it dies, and must never write into a closed pipe.
+    log_path = workdir / failures.LOG
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
+               **{faults.DRIVER_PID_ENV: str(os.getpid())})
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stderr=log)
+    follow = _Follower(log_path)
     try:
         rc = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -157,17 +167,70 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     finally:  # an interrupt or error in this process must not leave ranks behind
         if proc.poll() is None:
             stop_tree(proc.pid)
+        follow.stop()
+        if run_id:  # the run's log, whatever happened
+            _keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
     if rc != 0:
-        reasons = [p.read_text().strip() for p in sorted(workdir.glob("failure.rank*.txt"))]
-        reason = (reasons[0] if reasons else
-                  f"arm {arm}: a worker process exited with code {rc} and left no reason; see the run's log")
-        if run_id and not reason.startswith(("deadline:", "budget:", "tracking:")):  # those say it already
-            reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
+        reason, details = failures.explain(workdir, arm, rc)
+        if run_id:
+            _keep_text(plan, run_id, details, "failure/details.txt")
+            if not reason.startswith(failures.OWN_WORDS[:3]):  # those say where the arm was already
+                reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
+        print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
+              file=sys.stderr, flush=True)
         raise T.StudyError(reason)
 
 
+def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
+    """An artifact of the run, through its outbox (kept there while the server is gone)."""
+    try:
+        box = Outbox(run_id, plan.arms.tracking_grace_s)
+        if box.pending():  # behind records that wait (a lost server, a refused checkpoint): wait too
+            box.hold()
+        box.text(text, artifact_file)
+    except Exception as exc:  # noqa: BLE001 - the arm's own outcome matters more than its log
+        print(f"[gradshare] could not keep {artifact_file}: {T.one_line(exc)}", file=sys.stderr, flush=True)
+
+
+class _Follower:
+    """Copies gradshare's own lines (`[gradshare] ...`) from the workers' log to this process's
+    stderr as they come; the rest stays in the log (and the run's `log/workers.txt`)."""
+
+    def __init__(self, path: Path, every_s: float = 0.5):
+        import threading
+
+        self.path, self.every_s, self.pos = path, every_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gradshare-log", daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.pos)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # whole lines only
+        self.pos += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            if "[gradshare]" in line:
+                print(line, file=sys.stderr, flush=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._copy()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._copy()
+
+
 def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
-    workdir = store.verified_inputs(prep, plan, tmp, store.TRAIN_INPUTS)
+    """The train inputs, every byte checked against prepare's manifest; a mismatch is a refusal
+    (the store's fault, not the method's: the arm keeps its attempt, and trains once fixed)."""
+    try:
+        workdir = store.verified_inputs(prep, plan, tmp, store.TRAIN_INPUTS)
+    except T.StudyError as exc:
+        raise T.Refusal(f"{exc}; nothing was trained, no attempt used") from None
     (workdir / "plan.json").write_text(json.dumps(plan.to_dict() | {"plan_sha256": plan.sha256()}))
     return workdir
 
@@ -267,16 +330,43 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
     mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
     check_launch(launch, full_state_every)
     check_devices(plan, arm, launch)
-    if resume is None:
-        attempt = claim_arm(prep, plan, arm, run.info.run_id)
-        done = 0
-    else:
-        attempt = int(run.data.tags.get(T.ATTEMPT, "1"))
-        done = resume.manifest["update"]
-    # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
-    arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
-                                   updates_left=plan.schedule.updates - done,
-                                   extra_spent=resume.spent_usd if resume else 0.0)
+    # Scratch of this step alone: removed when it ends, whatever happened.
+    tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
+    try:
+        # Everything the machine can get wrong is checked before the attempt is claimed: a
+        # refusal, not an attempt (the inputs' bytes, the disks the arm writes to).
+        workdir = _verified_workdir(prep, plan, tmp)
+        check_disks(prep, plan, workdir)
+        if resume is None:
+            attempt = claim_arm(prep, plan, arm, run.info.run_id)
+            done = 0
+        else:
+            attempt = int(run.data.tags.get(T.ATTEMPT, "1"))
+            done = resume.manifest["update"]
+        # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
+        arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
+                                       updates_left=plan.schedule.updates - done,
+                                       extra_spent=resume.spent_usd if resume else 0.0)
+        _start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
+        arm_limits.write(workdir)
+        (workdir / "fullstate.json").write_text(json.dumps({"every": full_state_every}))
+        if resume is not None:
+            shutil.copytree(resume.state_dir, workdir / "resume")
+        try:
+            _launch_workers(plan, arm, workdir, run.info.run_id, launch)
+        except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
+            raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
+                                    f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
+        # rank 0 recorded the summary, the checkpoint and the run's end itself (`train.result`)
+        return json.loads((workdir / "summary.json").read_text())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: int, resume: Resume | None,
+                  attempt: int, done: int) -> None:
+    import mlflow
+
     if resume is None:
         mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
         print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
@@ -293,39 +383,39 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
                          "gradshare.resumed_full_state_bytes": str(resume.manifest["bytes"])})
         print(f"[gradshare] arm {arm}: attempt {attempt} resumed after update {done} from its full state "
               f"({resume.manifest['bytes']:,} bytes)", flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-"))
-    try:
-        workdir = _verified_workdir(prep, plan, tmp)
-        arm_limits.write(workdir)
-        (workdir / "fullstate.json").write_text(json.dumps({"every": full_state_every}))
-        if resume is not None:
-            shutil.copytree(resume.state_dir, workdir / "resume")
+
+
+def checkpoint_bytes(prep, plan: Plan) -> int:
+    """What the arm's final checkpoint will take on disk: its FP32 weights, by the parameter
+    shapes prepare recorded (`model_shapes.json`), plus 5% and 64 MiB for the config, the
+    tokenizer and the file system's slack."""
+    import math
+
+    weights = sum(math.prod(s) for s in limits.prepared_shapes(prep, plan)) * 4
+    return int(weights * 1.05) + 64 * 2**20
+
+
+def check_disks(prep, plan: Plan, workdir: Path) -> None:
+    """A refusal, before the claim, where the arm could not keep its result: the outbox (where
+    rank 0 writes the final checkpoint, `train.result`) or the working directory not writable,
+    or the outbox's disk without room for the checkpoint."""
+    from gradshare import outbox
+
+    box_root = outbox.root()
+    for where, path in (("the outbox ($GRADSHARE_OUTBOX)", box_root), ("the arm's working directory", workdir)):
         try:
-            _launch_workers(plan, arm, workdir, run.info.run_id, launch)
-        except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
-            raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
-                                    f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
-        summary = json.loads((workdir / "summary.json").read_text())
-        # Through the run's outbox, as the workers' records went: with the server gone, the
-        # summary and the checkpoint wait on local disk beside the updates' metrics.
-        box = Outbox(run.info.run_id, plan.arms.tracking_grace_s)
-        box.metrics(summary["metrics"])
-        box.text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
-        box.tags({"gradshare.schedule_sha256": sha256_text("\n".join(summary["update_sha256"]))})
-        before = metering.host_counters()
-        box.artifacts(workdir / "checkpoint", "checkpoint")
-        # The checkpoint's transfer to the artifact store is wire traffic of the arm too (a
-        # loopback copy here, 3.4 GB to S3 on the study's hosts): its own line.
-        moved = metering.delta(before, metering.host_counters())
-        box.metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
-                     M.loopback_bytes("upload"): moved["lo_tx"]})
-        box.tags({T.CKPT_SHA: summary["checkpoint_sha256"]})
-        box.text(json.dumps({"hosts": summary["hosts"], "losses": summary["losses"]}, indent=2),
-                 "train_summary.json")
-        box.wait(f"after all {plan.schedule.updates} updates")  # the server's last chance within the grace
-        return summary
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".gradshare-write-check-{os.getpid()}"
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as exc:
+            raise T.Refusal(f"{where} {path} is not writable ({exc.strerror or exc}): the arm could not keep "
+                            f"its checkpoint; nothing was trained, no attempt used") from None
+    need, free = checkpoint_bytes(prep, plan), shutil.disk_usage(box_root).free
+    if free < need:
+        raise T.Refusal(f"the disk of the outbox {box_root} has {free:,} bytes free, and the arm's final "
+                        f"checkpoint needs {need:,}: free space or point $GRADSHARE_OUTBOX at a larger disk; "
+                        f"nothing was trained, no attempt used")
 
 
 def _last_update(run_id: str) -> int:

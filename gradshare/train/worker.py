@@ -39,9 +39,10 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
+    from gradshare import faults as F
     from gradshare import metrics as M
     from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.hashing import file_entries, tree_sha256
+    from gradshare.hashing import checkpoint_sha256, file_entries
     from gradshare.metering import gather, host_counters, ordered_labels, phase_lines, phases
     from gradshare.model import save_model, seed_model
     from gradshare.plan import plan_from_dict
@@ -50,6 +51,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from gradshare.train.memory import cap_device_memory
 
     t_wall = time.perf_counter()
+    faults = F.from_env()
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
                            if k != "plan_sha256"})
@@ -108,10 +110,14 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     threads = gather(torch.get_num_threads(), world)  # what each rank really ran with
     before_ckpt = gather(host_counters(), world)
     if rank == 0:
+        from gradshare.train.result import checkpoint_dir
+
         t0 = time.perf_counter()
-        ckpt = save_model(model, tokenizer, workdir / "checkpoint")
+        # into the run's outbox: on local disk before any upload, kept until the store has it
+        ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
         entries = file_entries(ckpt)
         save_s = time.perf_counter() - t0
+        faults.after_checkpoint()
     after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
     if rank == 0:
         wire = phases(starts, res.wire_first, res.wire, before_ckpt, after_ckpt)
@@ -122,12 +128,15 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         for line in phase_lines(wire, after_ckpt):
             log(f"[{arm}] {line}")
         log(f"[{arm}] torch threads per rank: {threads}")
+        # the checkpoint's identity is its weights' content, not files that embed library versions
+        result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
+                  "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
+        (workdir / "summary.json").write_text(json.dumps(result, indent=1))
         if box is not None:
+            from gradshare.train.result import record
+
             box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
-            box.close()  # what is not sent by now waits in the journal for the driver
-        (workdir / "summary.json").write_text(json.dumps({
-            "metrics": summary, "checkpoint_sha256": tree_sha256(entries),
-            "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}, indent=1))
+            record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
     accelerator.wait_for_everyone()
 
 
@@ -170,9 +179,11 @@ def main(argv=None) -> None:
     except BaseException as exc:
         from gradshare.train.loop import LimitStop
         from gradshare.train.memory import DeviceMemoryError
+        from gradshare.outbox import ServerLost
+        from gradshare.train.result import StoreRefused
 
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
-        if isinstance(exc, (LimitStop, DeviceMemoryError)):  # `deadline: ...`, `out of device memory ...`
+        if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"

@@ -1,0 +1,78 @@
+"""An arm's result, recorded by its rank-0 worker the moment the last update is done: the
+summary, the schedule's per-update hashes, the final checkpoint and the run's end.
+
+Recorded here, not by the driver that launched the workers, so that a launcher that dies
+after training (a `kill -9`, a closed terminal) costs nothing: the arm still ends FINISHED.
+The checkpoint is written straight into the run's outbox (`gradshare.outbox`): the weights
+are on local disk before any upload, and stay there until the store has them. Where the
+artifact store refuses them (full, read-only, a quota), the arm keeps everything there and
+says so in one line; `gradshare upload <outbox>/<run id>` completes it FINISHED later. The
+run then shows FAILED with that line until the upload, so nobody takes it for done.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gradshare import metering
+from gradshare import metrics as M
+from gradshare import tracking as T
+from gradshare.hashing import sha256_text
+from gradshare.orphans import process_tags
+from gradshare.outbox import Outbox
+
+CHECKPOINT = "checkpoint"  # the artifact path, and the folder in the run's outbox
+
+
+class StoreRefused(T.StudyError):
+    """The artifact store refused the trained checkpoint; the weights wait in the outbox."""
+
+
+def checkpoint_dir(box: Outbox | None, workdir: Path) -> Path:
+    """Where rank 0 writes the final checkpoint: the run's outbox (local disk that outlives the
+    arm's working directory), or the working directory when no run records the arm."""
+    return (box.dir if box is not None else workdir) / CHECKPOINT
+
+
+def record(box: Outbox, summary: dict, ckpt: Path, log) -> None:
+    """Every record of the finished arm, then its end (FINISHED), through `box`; StoreRefused
+    (after the end is journaled) when the artifact store would not take the checkpoint."""
+    box.close()  # the updates' records first, in order; nothing is sent behind them meanwhile
+    # this process now stands behind the run: a sweep must not take it for an orphan if the
+    # launcher that started the run is gone
+    box.tags(process_tags())
+    box.metrics(summary["metrics"])
+    box.text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
+    box.tags({"gradshare.schedule_sha256": sha256_text("\n".join(summary["update_sha256"])),
+              T.CKPT_SHA: summary["checkpoint_sha256"]})
+    box.text(json.dumps({"hosts": summary["hosts"], "losses": summary["losses"]}, indent=2),
+             "train_summary.json")
+    before = metering.host_counters()
+    refused = box.keep(ckpt, CHECKPOINT)
+    # The checkpoint's transfer to the artifact store is wire traffic of the arm too (a loopback
+    # copy here, 3.4 GB to S3 on the study's hosts): its own line.
+    moved = metering.delta(before, metering.host_counters())
+    box.metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
+                 M.loopback_bytes("upload"): moved["lo_tx"]})
+    box.end("FINISHED")
+    if refused is not None:
+        size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+        reason = (f"the artifact store refused the trained checkpoint ({T.one_line(refused)}); every update "
+                  f"is done and the weights ({size:,} bytes) are kept in {box.dir}: make room in the store, "
+                  f"then `gradshare upload {box.dir}` completes the arm FINISHED")
+        _show_refused(box.run_id, reason)
+        raise StoreRefused(reason)
+    box.wait("after the last update")  # the server's last chance within the grace time
+    log(f"[gradshare] checkpoint and summary recorded (pid {os.getpid()})")
+
+
+def _show_refused(run_id: str, reason: str) -> None:
+    """The run, on the server that still answers, FAILED with the reason until the upload
+    (whose journaled end makes it FINISHED and drops the reason)."""
+    try:
+        c = T.client()
+        c.set_tag(run_id, T.FAILURE, reason)
+        c.set_terminated(run_id, "FAILED")
+    except Exception:  # noqa: BLE001 - the journal holds the arm's end either way
+        pass
