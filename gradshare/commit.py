@@ -20,6 +20,7 @@ from pathlib import Path
 from gradshare import claims
 from gradshare import store
 from gradshare import tracking as T
+from gradshare.train.env import REHEARSAL_TAG
 
 
 def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -> dict:
@@ -91,6 +92,9 @@ def commit_study(study: str, own_run_id: str) -> dict:
     commitment = {"study": study, "plan_sha256": plan.sha256(), "prepare_run_id": prep.info.run_id,
                   "committed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   "ledger_index": index, "max_attempts": plan.arms.max_attempts, "arms": arms}
+    if note := plan.rehearsal_note:  # sealed with the arms: nobody takes a rehearsal for the study
+        commitment["rehearsal"] = note
+        mlflow.set_tag(REHEARSAL_TAG, note)
     mlflow.log_dict(commitment, "commitment.json")
     mlflow.set_tag(T.COMMITTED, "true")
     mlflow.MlflowClient().set_experiment_tag(mlflow.get_experiment_by_name(study).experiment_id,

@@ -7,6 +7,8 @@
     GRADSHARE_INJECT_KILL_AT=U:R  rank R is killed (SIGKILL, no cleanup) at the start of update U
     GRADSHARE_INJECT_SLOW_S=S     every update takes S seconds longer (rank 0 sleeps inside
                                   the update's clock), so that deadlines and budgets are reached
+    GRADSHARE_INJECT_PERTURB_RANK=R   after the last update, rank R adds 1e-3 to one weight of
+                                  its replica, so that the replicas' check must fail the arm
     GRADSHARE_INJECT_KILL_LAUNCHER=1  once rank 0 has written the final checkpoint, the train step
                                   that launched the workers is killed (SIGKILL): the workers
                                   must record the arm without it
@@ -25,7 +27,7 @@ HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
 SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
 KILL_ENV = "GRADSHARE_INJECT_KILL_AT"
 KILL_LAUNCHER_ENV = "GRADSHARE_INJECT_KILL_LAUNCHER"
-DRIVER_PID_ENV = "GRADSHARE_DRIVER_PID"  # set by the driver for its workers
+PERTURB_ENV = "GRADSHARE_INJECT_PERTURB_RANK"
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,21 @@ class Faults:
     kill_at: int = 0
     kill_rank: int = 0
     kill_launcher: bool = False
+    perturb_rank: int = -1  # -1: none
+
+    def after_training(self, model, rank: int) -> None:
+        if self.perturb_rank == rank:
+            import torch
+
+            name, p = list(model.named_parameters())[-1]
+            with torch.no_grad():
+                p.view(-1)[0] += 1e-3
+            print(f"[gradshare] fault injection ({PERTURB_ENV}): rank {rank} perturbed {name}", flush=True)
 
     def after_checkpoint(self) -> None:
         if self.kill_launcher:
+            from gradshare.train.env import DRIVER_PID_ENV
+
             pid = int(os.environ[DRIVER_PID_ENV])
             print(f"[gradshare] fault injection ({KILL_LAUNCHER_ENV}): the launcher (pid {pid}) killed",
                   flush=True)
@@ -81,4 +95,9 @@ def from_env(env=None) -> Faults:
                          f"{SLOW_ENV}={slow!r} "
                          f"seconds; unset them to train without faults") from None
     launcher = env.get(KILL_LAUNCHER_ENV, "").strip().lower() in ("1", "true", "yes")
-    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher)
+    perturb = env.get(PERTURB_ENV, "").strip()
+    try:
+        perturb_rank = int(perturb) if perturb else -1
+    except ValueError:
+        raise ValueError(f"fault injection: {PERTURB_ENV}={perturb!r} must be a rank (e.g. 1)") from None
+    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank)

@@ -149,22 +149,39 @@ def spent(study: str, plan, exclude_run_id: str | None = None) -> float:
     return total
 
 
+def measured_startup_s(run) -> float | None:
+    """A finished arm's seconds beyond its updates, as measured: the worker's wall time less its
+    updates (process group, model init or load, compile, checkpoint write), plus the launch and
+    the checkpoint's upload where its phases were recorded (`metrics.PHASES`)."""
+    m = run.data.metrics
+    if M.WALL_S not in m:
+        return None
+    extra = sum(m.get(M.phase_s(p), 0.0) for p in ("launch", "checkpoint_upload"))
+    return max(m[M.WALL_S] - m.get(M.ACTIVE_S, 0.0), 0.0) + extra
+
+
 def expected_arm(study: str, plan, arm: str) -> dict:
     """Projected seconds of the arm: a finished arm's measured rate where one with as many
-    processes exists, else the plan's."""
+    processes exists; else the plan's update seconds, with the start-up measured on any
+    finished arm of the study (a model's init, compile and checkpoint do not depend on the
+    number of processes) or, before any, the plan's."""
     from gradshare import tracking as T
 
     n = plan.arms.processes(arm)
+    startup = None
     for other in plan.arms.names:
-        if plan.arms.processes(other) != n:
-            continue
         for run in T.search(study, "train", other, status="FINISHED"):
+            measured = measured_startup_s(run)
+            if measured is None:
+                continue
             hist = [x.value for x in T.client().get_metric_history(run.info.run_id, M.STEP_S)]
-            m = run.data.metrics
-            if hist and M.WALL_S in m:
-                startup = max(m[M.WALL_S] - m.get(M.ACTIVE_S, 0.0), 0.0)
-                return {"update_s": statistics.median(hist), "startup_s": startup,
+            if plan.arms.processes(other) == n and hist:
+                return {"update_s": statistics.median(hist), "startup_s": measured,
                         "source": f"measured on arm {other}"}
+            startup = startup or (measured, other)
+    if startup is not None:
+        return {"update_s": plan.arms.expected_update_s, "startup_s": startup[0],
+                "source": f"the plan's arms.expected_update_s; start-up and checkpoint measured on arm {startup[1]}"}
     return {"update_s": plan.arms.expected_update_s, "startup_s": plan.arms.expected_startup_s,
             "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
 

@@ -59,6 +59,30 @@ LOGICAL_BYTES_TOTAL = "comm/logical_bytes_total"
 LOGICAL_BYTES_POST_WARMUP = "comm/logical_bytes_post_warmup"
 FINAL_LOSS = "train/final_loss"
 WORLD_SIZE = "train/world_size"  # processes
+REPLICA_TENSORS = "replicas/tensors_checked"  # every rank's weights equal to rank 0's, tensor by tensor
+
+# An arm's phases, in seconds (rank 0): what the limits read instead of declared start-up figures.
+PHASES = ("launch", "setup", "first_update", "updates", "replica_check", "checkpoint_write", "checkpoint_upload")
+"""launch: from the launcher's start to the worker's first line (interpreter, torch); setup: the
+process group, the model's init or load, tokenizer and documents; first_update: update 1 (with
+compilation and graph capture); updates: every update (`perf/active_s`); replica_check: the
+replicas compared; checkpoint_write: the final checkpoint to local disk; checkpoint_upload: its
+transfer to the artifact store."""
+
+
+def peak_reserved_gib(rank: int) -> str:
+    """The rank's peak of PyTorch's reserved device memory over the arm, GiB (GPU arms)."""
+    return f"gpu/rank{rank}/peak_reserved_gib"
+
+
+def peak_allocated_gib(rank: int) -> str:
+    return f"gpu/rank{rank}/peak_allocated_gib"
+
+
+def phase_s(name: str) -> str:
+    if name not in PHASES:
+        raise KeyError(f"unknown phase {name!r}: one of {PHASES}")
+    return f"phase/{name}_s"
 
 
 def wire_tx_bytes(phase: str) -> str:
@@ -107,6 +131,7 @@ ACCURACY_OVERALL = "accuracy/overall"  # fraction of test cases
 RETENTION_NLL_NATS = "retention/nll_nats"  # mean over probes of the per-token mean
 SCORE_TEST_S = "score/test_s"
 SCORE_RETENTION_S = "score/retention_s"
+SCORE_LOAD_S = "score/load_s"  # the model loaded (and verified) onto the scoring device
 
 
 def accuracy(family: str) -> str:

@@ -203,6 +203,11 @@ class HardwarePlan:
     """CPU threads of every process of every arm (torch intra-op threads, OMP/MKL): the same in
     each arm, so that on CPU `single` is one device and a two-process arm two; 0: torch's and
     accelerate's defaults (a GPU run, where threads only feed the devices)."""
+    rehearsal: str = ""
+    """`one-gpu`: the study rehearsed on one GPU before any host is rented. The two-process arms
+    start both processes on the one visible GPU, over gloo (NCCL refuses two ranks on one
+    device), through the same `accelerate launch`; single runs as always. Speed and cost are
+    then not the study's. "": the study itself."""
 
 
 @dataclass(frozen=True)
@@ -348,6 +353,13 @@ class Plan:
     def emulated(self) -> bool:
         """True where the arms run on CPUs: speed and dollars are then not the study's hosts'."""
         return self.hardware.device == "cpu"
+
+    @property
+    def rehearsal_note(self) -> str | None:
+        """What runs, report and commitment say of a study rehearsed on one GPU, or None."""
+        if self.hardware.rehearsal == "one-gpu":
+            return "rehearsal on one GPU: speed and cost are not the study's"
+        return None
 
     @property
     def train_docs(self) -> int:
@@ -559,6 +571,12 @@ def validate(plan: Plan) -> Plan:
         problems.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
     if (plan.hardware.compile or plan.hardware.fused_adamw) and plan.hardware.device != "cuda":
         problems.append("hardware.compile and hardware.fused_adamw are GPU levers: they need hardware.device=cuda")
+    if plan.hardware.rehearsal not in ("", "one-gpu"):
+        problems.append(f"hardware.rehearsal={plan.hardware.rehearsal!r} is not one-gpu (or empty: the study itself)")
+    elif plan.hardware.rehearsal and plan.hardware.device != "cuda":
+        problems.append("hardware.rehearsal=one-gpu puts both processes of a two-process arm on one CUDA GPU: "
+                        "it needs hardware.device=cuda (on a CPU the two-process arms already run as two "
+                        "processes, over loopback or two emulated hosts)")
     if plan.hardware.device not in ("cpu", "cuda"):
         problems.append(f"hardware.device={plan.hardware.device!r} is not cpu or cuda")
     if plan.hardware.precision not in ("fp32", "bf16-autocast"):

@@ -51,7 +51,11 @@ def score_study(study: str, parent_run) -> dict:
             models[arm] = (lambda p=path: load_for_scoring(p, plan, device))
         results = {}
         for name, make in models.items():
-            results[name] = _score_one(study, plan, name, make(), tokenizer, cases, probes, device)
+            t0 = time.perf_counter()
+            model = make()
+            load_s = time.perf_counter() - t0
+            results[name] = _score_one(study, plan, name, model, tokenizer, cases, probes, device, load_s)
+            del model
         for entry in commitment["arms"]:
             if entry["status"] != "FINISHED":
                 print(f"[gradshare] arm {entry['arm']} not scored: {entry['failure_reason']}")
@@ -63,7 +67,7 @@ def score_study(study: str, parent_run) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> dict:
+def _score_one(study, plan, name, model, tokenizer, cases, probes, device, load_s: float) -> dict:
     import mlflow
 
     from gradshare import metrics as M
@@ -80,12 +84,13 @@ def _score_one(study, plan, name, model, tokenizer, cases, probes, device) -> di
         t1 = time.perf_counter()
         ret_rows = score_retention(model, tokenizer, probes, plan, device)
         ret_s = time.perf_counter() - t1
-        metrics = summarise(test_rows, ret_rows) | {M.SCORE_TEST_S: test_s, M.SCORE_RETENTION_S: ret_s}
+        metrics = summarise(test_rows, ret_rows) | {M.SCORE_TEST_S: test_s, M.SCORE_RETENTION_S: ret_s,
+                                                    M.SCORE_LOAD_S: load_s}
         mlflow.log_metrics(metrics)
         mlflow.log_text("".join(_line(r) for r in test_rows), "per_case/test.jsonl")
         mlflow.log_text("".join(_line(r) for r in ret_rows), "per_case/retention.jsonl")
         print(f"[gradshare] {name}: accuracy {metrics[M.ACCURACY_OVERALL]:.3f}, retention NLL "
-              f"{metrics[M.RETENTION_NLL_NATS]:.4f} nats, {test_s:.1f}s test + {ret_s:.1f}s probes")
+              f"{metrics[M.RETENTION_NLL_NATS]:.4f} nats, {load_s:.1f}s load + {test_s:.1f}s test + {ret_s:.1f}s probes")
         return {"run_id": run.info.run_id, **metrics}
 
 

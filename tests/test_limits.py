@@ -130,3 +130,28 @@ def test_the_budget_check_reads_the_model_shapes_prepare_recorded(stopped_study)
     [commit] = T.search(study, "commit")  # a run with no such record
     assert L.prepared_shapes(SimpleNamespace(info=commit.info), plan) == built
     assert L.expected_cross_bytes(plan, "dense", built) == L.expected_cross_bytes(plan, "dense")
+
+
+def test_an_arms_projection_reads_the_start_up_measured_on_the_studys_finished_arms(trained_study, partial_study):
+    """With an arm of as many processes finished, its measured rate and start-up; with only an
+    arm of another size (single, in the partial study), the plan's update seconds and that arm's
+    measured start-up (wall less updates, plus launch and upload), never the declared figure."""
+    from gradshare import store
+
+    _, plan = store.prepared_plan(trained_study)
+    [dense] = T.search(trained_study, "train", "dense", status="FINISHED")
+    got = L.expected_arm(trained_study, plan, "dense")
+    m = dense.data.metrics
+    assert got["source"] == "measured on arm dense"
+    assert got["startup_s"] == pytest.approx(m[M.WALL_S] - m[M.ACTIVE_S] + m[M.phase_s("launch")]
+                                             + m[M.phase_s("checkpoint_upload")])
+    study, _ = partial_study
+    _, plan = store.prepared_plan(study)
+    [single] = T.search(study, "train", "single", status="FINISHED")
+    s = single.data.metrics
+    got = L.expected_arm(study, plan, "powersgd")
+    assert got["source"] == ("the plan's arms.expected_update_s; start-up and checkpoint measured on arm single")
+    assert got["update_s"] == plan.arms.expected_update_s
+    assert got["startup_s"] == pytest.approx(s[M.WALL_S] - s[M.ACTIVE_S] + s[M.phase_s("launch")]
+                                             + s[M.phase_s("checkpoint_upload")])
+    assert got["startup_s"] != plan.arms.expected_startup_s

@@ -107,3 +107,25 @@ def test_the_gradshare_command_names_its_steps_and_refuses_unknown_ones():
     assert bad.returncode == 2
     step = subprocess.run([sys.executable, "-m", "gradshare.cli", "commit", "--help"], capture_output=True, text=True)
     assert step.returncode == 0 and "commitment.json" in step.stdout
+
+
+def test_the_one_gpu_rehearsal_is_a_cuda_plan_and_says_what_it_is_not():
+    full = load_plan("full", {"hardware.rehearsal": "one-gpu"})
+    assert full.rehearsal_note == "rehearsal on one GPU: speed and cost are not the study's"
+    assert load_plan("full").rehearsal_note is None
+    assert full.sha256() != load_plan("full").sha256()  # a rehearsal is another plan, never the study's
+    with pytest.raises(PlanError, match="needs hardware.device=cuda"):
+        load_plan("tiny", {"hardware.rehearsal": "one-gpu"})
+    with pytest.raises(PlanError, match="is not one-gpu"):
+        load_plan("full", {"hardware.rehearsal": "two-gpus"})
+
+
+def test_a_rehearsal_asked_for_on_the_cpu_profile_is_refused_by_prepare_with_the_reason(mlflow_server):
+    from gradshare import tracking as T
+    from tests.conftest import overrides, run_entry
+
+    proc = run_entry("prepare", "--study", "rehearsal-on-cpu", *overrides({"hardware.rehearsal": "one-gpu"}),
+                     check=False)
+    assert proc.returncode != 0
+    assert "hardware.rehearsal=one-gpu puts both processes of a two-process arm on one CUDA GPU" in proc.stderr
+    assert not T.search("rehearsal-on-cpu", "prepare", status="FINISHED")  # nothing prepared

@@ -20,17 +20,18 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gradshare import claims
-from gradshare import faults
 from gradshare import limits
 from gradshare import metrics as M
 from gradshare import store
 from gradshare import tracking as T
 from gradshare.outbox import Outbox
 from gradshare.plan import Plan
+from gradshare.train import env as env_names
 from gradshare.train import failures
 
 RESUMED = "gradshare.resumed_from_update"  # the updates a run was resumed after, comma-separated
@@ -56,13 +57,15 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
     if need % launch.num_machines:
         raise T.Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
                         f"{launch.num_machines} machines")
-    per_host, have = need // launch.num_machines, torch.cuda.device_count()
+    # a rehearsal puts every process of the arm on the one GPU (`hardware.rehearsal`)
+    per_host = 1 if plan.hardware.rehearsal else need // launch.num_machines
+    have = torch.cuda.device_count()
     if have < per_host:
         where = "a machine with a CUDA GPU" if per_host == 1 else f"a host with {per_host} CUDA GPUs"
         hint = f"run it on {where}"
         if need > 1 and launch.num_machines == 1:
-            hint += (f", or on two hosts with one GPU each (-P num_machines=2 -P machine_rank=0|1 "
-                     f"-P main_process_ip=HOST on both)")
+            hint += (", or on two hosts with one GPU each (-P num_machines=2 -P machine_rank=0|1 "
+                     "-P main_process_ip=HOST on both)")
         raise T.Refusal(f"arm {arm} needs {need} CUDA device(s), {per_host} on this host, and this host has "
                         f"{have}: {hint}; nothing was trained, no attempt used")
 
@@ -150,7 +153,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     # process if it dies, and must never write into a closed pipe.
     log_path = workdir / failures.LOG
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
-               **{faults.DRIVER_PID_ENV: str(os.getpid())})
+               **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"})
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stderr=log)
     follow = _Follower(log_path)
@@ -367,6 +370,9 @@ def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: i
                   attempt: int, done: int) -> None:
     import mlflow
 
+    if plan.rehearsal_note:
+        mlflow.set_tag(env_names.REHEARSAL_TAG, plan.rehearsal_note)
+        print(f"[gradshare] {plan.rehearsal_note}", flush=True)
     if resume is None:
         mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
         print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)

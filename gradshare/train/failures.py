@@ -22,7 +22,7 @@ from pathlib import Path
 
 LOG = "workers.log"
 # reasons the driver passes on as they are: they already say what stopped the arm and where
-OWN_WORDS = ("deadline:", "budget:", "tracking:", "the artifact store refused", "diverged", "out of device memory",
+OWN_WORDS = ("deadline:", "budget:", "tracking:", "the artifact store refused", "replicas disagree", "diverged", "out of device memory",
              "stopped by the user")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from gradshare import metering
@@ -48,13 +49,15 @@ def record(box: Outbox, summary: dict, ckpt: Path, log) -> None:
               T.CKPT_SHA: summary["checkpoint_sha256"]})
     box.text(json.dumps({"hosts": summary["hosts"], "losses": summary["losses"]}, indent=2),
              "train_summary.json")
-    before = metering.host_counters()
+    before, t0 = metering.host_counters(), time.perf_counter()
     refused = box.keep(ckpt, CHECKPOINT)
+    upload_s = time.perf_counter() - t0
     # The checkpoint's transfer to the artifact store is wire traffic of the arm too (a loopback
     # copy here, 3.4 GB to S3 on the study's hosts): its own line.
     moved = metering.delta(before, metering.host_counters())
     box.metrics({M.wire_tx_bytes("upload"): moved["wire_tx"], M.wire_rx_bytes("upload"): moved["wire_rx"],
-                 M.loopback_bytes("upload"): moved["lo_tx"]})
+                 M.loopback_bytes("upload"): moved["lo_tx"]}
+                | ({M.phase_s("checkpoint_upload"): upload_s} if refused is None else {}))
     box.end("FINISHED")
     if refused is not None:
         size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+STARTED_AT = time.time()  # this process's first line after the interpreter and torch (phase `launch`)
+
 
 def _load_docs(workdir: Path) -> dict[str, dict]:
     from gradshare.hashing import read_jsonl
@@ -49,6 +51,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     from gradshare.sources import set_determinism
     from gradshare.train.loop import train
     from gradshare.train.memory import cap_device_memory
+    from gradshare.train import env
+    from gradshare.train.replicas import check_agree
 
     t_wall = time.perf_counter()
     faults = F.from_env()
@@ -60,9 +64,22 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     # A rank waits for its peers at most as long as the launcher waits for the arm: a dead or
     # hung peer ends this rank with an error instead of a wait forever.
     limit = timedelta(seconds=plan.arms.timeout_s(plan.schedule.updates))
-    accelerator = Accelerator(cpu=plan.hardware.device == "cpu",
-                              kwargs_handlers=[InitProcessGroupKwargs(timeout=limit)])
-    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    if plan.hardware.rehearsal == "one-gpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A rehearsal: every rank on the one visible GPU, over gloo (NCCL refuses two ranks on one
+        # device; gloo carries DDP's broadcast and all-reduce of CUDA tensors through host memory).
+        # The launcher's rendezvous variables (torchrun's) as ever; accelerate would pick
+        # cuda:<local rank>, which does not exist here.
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=limit)
+        rank, world, device = dist.get_rank(), dist.get_world_size(), torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        wait_for_everyone = dist.barrier
+    else:
+        accelerator = Accelerator(cpu=plan.hardware.device == "cpu",
+                                  kwargs_handlers=[InitProcessGroupKwargs(timeout=limit)])
+        rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+        wait_for_everyone = accelerator.wait_for_everyone
     expected = plan.arms.processes(arm)
     if world != expected:
         raise RuntimeError(f"arm {arm} needs {expected} processes, launched with {world}")
@@ -85,9 +102,12 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         box = Outbox(run_id, plan.arms.tracking_grace_s, background=True)
 
     seen = []  # per-update hash of the document ids actually trained on, equal across arms
+    launched = float(os.environ.get(env.LAUNCHED_AT_ENV) or STARTED_AT)
+    phases_s = {"launch": STARTED_AT - launched, "setup": time.perf_counter() - t_wall}
 
     def on_step(u: int, metrics: dict, docs_sha: str) -> str | None:
         seen.append(docs_sha)
+        phases_s.setdefault("first_update", metrics[M.STEP_S])
         if box is not None:
             box.metrics(metrics, step=u)
             try:
@@ -104,10 +124,22 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     if full.resume:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
     res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full)
+    phases_s["updates"] = res.active_s
+
+    # Only rank 0's weights are saved and scored: every other rank's must equal them, bit for bit.
+    faults.after_training(model, rank)
+    t0 = time.perf_counter()
+    checked = check_agree(model, rank, world)
+    phases_s["replica_check"] = time.perf_counter() - t0
+    if world > 1:
+        log(f"[{arm}] replicas agree: {checked} tensors equal on all {world} ranks "
+            f"({phases_s['replica_check']:.2f}s)")
 
     # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
     starts = gather(wire_start, world)
     threads = gather(torch.get_num_threads(), world)  # what each rank really ran with
+    peaks = gather((torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30)
+                   if device.type == "cuda" else None, world)  # each rank's, against the plan's cap
     before_ckpt = gather(host_counters(), world)
     if rank == 0:
         from gradshare.train.result import checkpoint_dir
@@ -116,7 +148,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         # into the run's outbox: on local disk before any upload, kept until the store has it
         ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
         entries = file_entries(ckpt)
-        save_s = time.perf_counter() - t0
+        save_s = phases_s["checkpoint_write"] = time.perf_counter() - t0
         faults.after_checkpoint()
     after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
     if rank == 0:
@@ -129,6 +161,11 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             log(f"[{arm}] {line}")
         log(f"[{arm}] torch threads per rank: {threads}")
         # the checkpoint's identity is its weights' content, not files that embed library versions
+        summary |= {M.REPLICA_TENSORS: checked} | {M.phase_s(k): v for k, v in phases_s.items()}
+        for r, peak in enumerate(peaks):
+            if peak is not None:
+                summary |= {M.peak_allocated_gib(r): peak[0], M.peak_reserved_gib(r): peak[1]}
+                log(f"[{arm}] rank {r}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
         result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
                   "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
         (workdir / "summary.json").write_text(json.dumps(result, indent=1))
@@ -137,7 +174,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 
             box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
             record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
-    accelerator.wait_for_everyone()
+    wait_for_everyone()
 
 
 def _full_state(workdir: Path, world: int, rank: int, box, log):
@@ -180,10 +217,11 @@ def main(argv=None) -> None:
         from gradshare.train.loop import LimitStop
         from gradshare.train.memory import DeviceMemoryError
         from gradshare.outbox import ServerLost
+        from gradshare.train.replicas import ReplicaMismatch
         from gradshare.train.result import StoreRefused
 
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
-        if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost)):  # `deadline: ...`, `out of device memory ...`
+        if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"
