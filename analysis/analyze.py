@@ -14,7 +14,7 @@ from pathlib import Path
 from analysis.collect import collect
 from analysis.preconditions import screen_word
 from analysis.report import markdown, plots, to_html, verdict_table
-from analysis.verdicts import compute
+from analysis.verdicts import compute, verdict_metrics
 
 
 def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
@@ -31,6 +31,9 @@ def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
 
 
 def log_analysis(v: dict, out: Path) -> None:
+    """The artifacts, and the verdict where the runs table shows it: each screen's word as a
+    param (`quality_screen`, `speed_screen`: pass, fail, not-applicable, or null where an arm it
+    needs is missing) and the figures behind them as metrics (`verdict/...`, `cost/<arm>/...`)."""
     import mlflow
 
     from gradshare import tracking as T
@@ -38,9 +41,10 @@ def log_analysis(v: dict, out: Path) -> None:
 
     mlflow.set_tag(T.PLAN_SHA, v["plan_sha256"])
     mlflow.log_artifacts(str(out))
-    for name, screen in (("quality_screen", v["quality_screen"]), ("speed_screen", v["speed_screen"])):
-        mlflow.set_tag(f"gradshare.{name}", screen_word(screen))
-    mlflow.log_metrics(paired_metrics(v))
+    words = {name: screen_word(v[name]) for name in ("quality_screen", "speed_screen")}
+    mlflow.set_tags({f"gradshare.{name}": word for name, word in words.items()})
+    mlflow.log_params(words)
+    mlflow.log_metrics(paired_metrics(v) | verdict_metrics(v))
 
 
 def run(study: str) -> dict:

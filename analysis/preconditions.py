@@ -23,6 +23,12 @@ class Precondition:
     status: str  # DECIDED (the screen may pass or fail), MISSING or NOT_APPLICABLE (pass is null)
     reason: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    missing: tuple[tuple[str, str], ...] = ()  # (arm, why) for each arm the screen lacks
+
+    @classmethod
+    def lacking(cls, problems: list[tuple[str, str]], notes: list[str]) -> "Precondition":
+        reason = "; ".join(f"{arm}: {why}" for arm, why in problems) or None
+        return cls(MISSING if problems else DECIDED, reason, tuple(notes), tuple(problems))
 
     @property
     def applies(self) -> bool:
@@ -34,30 +40,29 @@ def _attempts(rec, arm: str) -> list[dict]:
     return list((entry or {}).get("attempts") or [])
 
 
-def _arm_problems(rec, arms: list[str], scored: bool) -> tuple[list[str], list[str]]:
-    """Reasons the given arms cannot be judged, and notes about later attempts."""
+def _arm_problems(rec, arms: list[str], scored: bool) -> tuple[list[tuple[str, str]], list[str]]:
+    """(arm, why) for each of the given arms that cannot be judged, and notes about later attempts."""
     plan, problems, notes = rec.plan, [], []
     for arm in arms:
         if arm == "seed":
             if scored and "seed" not in rec.scores:
-                problems.append("seed: not scored")
+                problems.append(("seed", "not scored"))
             continue
         a = rec.arms.get(arm)
         if a is None or a.status != "FINISHED":
-            why = (a.failure_reason if a and a.failure_reason else "no finished run")
-            problems.append(f"{arm}: {why}")
+            problems.append((arm, a.failure_reason if a and a.failure_reason else "no finished run"))
             continue
         tries = _attempts(rec, arm)
         if len(tries) > plan.arms.max_attempts:
-            problems.append(f"{arm}: {len(tries)} attempts recorded, more than arms.max_attempts="
-                            f"{plan.arms.max_attempts} permits")
+            problems.append((arm, f"{len(tries)} attempts recorded, more than arms.max_attempts="
+                                  f"{plan.arms.max_attempts} permits"))
             continue
         if len(tries) > 1:
             notes.append(f"{arm} finished on attempt {len(tries)} of {plan.arms.max_attempts} permitted "
                          f"(earlier: " + "; ".join(f"{t['status']}: {t['failure_reason']}" for t in tries[:-1])
                          + ")")
         if scored and arm not in rec.scores:
-            problems.append(f"{arm}: finished training but has no score run")
+            problems.append((arm, "finished training but has no score run"))
     return problems, notes
 
 
@@ -71,12 +76,10 @@ def preconditions(rec) -> dict[str, Precondition]:
             NOT_APPLICABLE, f"the seed model is randomly initialised ({plan.model.source}): "
                             f"throughput work only, no quality verdict applies")
     else:
-        problems, notes = _arm_problems(rec, [cand, *plan.arms.controls, "seed"], scored=True)
-        out["quality_screen"] = Precondition(MISSING if problems else DECIDED,
-                                             "; ".join(problems) or None, tuple(notes))
-    problems, notes = _arm_problems(rec, [cand, plan.screen.speed_baseline], scored=False)
-    out["speed_screen"] = Precondition(MISSING if problems else DECIDED, "; ".join(problems) or None,
-                                       tuple(notes))
+        out["quality_screen"] = Precondition.lacking(
+            *_arm_problems(rec, [cand, *plan.arms.controls, "seed"], scored=True))
+    out["speed_screen"] = Precondition.lacking(*_arm_problems(rec, [cand, plan.screen.speed_baseline],
+                                                              scored=False))
     return out
 
 

@@ -39,8 +39,31 @@ def _paired_cells(p: dict) -> tuple[str, ...] | None:
     return _pp(p["mean"]), f"{100 * p['se']:.2f}", _pp(p["lo"]), _pp(p["hi"]), f"{p['mcnemar']['p']:.4f}"
 
 
+# Every reason is printed once: in the verdict table's row of the model it belongs to. Wherever
+# else that model is missing (a pair, a screen, the cost, the projection), it is named with its
+# status, not its reason again (analyze once printed a failed arm's reason seven times).
+def _named(v: dict, models) -> str:
+    return ", ".join(f"{m} {v['arms'].get(m, {}).get('status', 'missing')}" for m in models)
+
+
+def _no_data(v: dict, models: list[str], reason: str | None) -> str:
+    """Why a row has no figures: the models without scores, by name (their reasons are above)."""
+    unscored = [m for m in models if (v["arms"].get(m) or {}).get("accuracy") is None]
+    return f"no data: {_named(v, unscored)}" if unscored else (reason or "no data")
+
+
+def _screen_reason(v: dict, screen: dict) -> str:
+    """An undecided screen's reason: the arms it lacks by name where their rows give the reason,
+    in full where no row does (e.g. too many attempts of a finished arm); or its own reason."""
+    if not screen.get("missing"):
+        return screen.get("reason") or ""
+    parts = [_named(v, [arm]) if (v["arms"].get(arm) or {}).get("failure_reason") else f"{arm}: {why}"
+             for arm, why in screen["missing"].items()]
+    return "missing: " + "; ".join(parts)
+
+
 def verdict_table(v: dict) -> str:
-    """Plain-text verdict table for the terminal."""
+    """Plain-text verdict table for the terminal: each reason once, in its model's row."""
     lines = [f"gradshare verdicts — study {v['study']}  plan {v['plan_sha256'][:12]}  z={v['z']}"]
     if v.get("emulation"):
         lines.append(v["emulation"])
@@ -55,17 +78,18 @@ def verdict_table(v: dict) -> str:
     for k in v["pairs"]:
         cells = _paired_cells(v[k])
         if cells is None:
-            lines.append(f"{k:<20}{'—':>8}  {v[k]['reason']}")
+            lines.append(f"{k:<20}{'—':>8}  {_no_data(v, k.split('-'), v[k].get('reason'))}")
         else:
             mean, se, lo, hi, p = cells
             lines.append(f"{k:<20}{mean:>8}{se:>8}{lo:>8}{hi:>8}{p:>11}")
     q, s = v["quality_screen"], v["speed_screen"]
-    lines += ["", f"quality screen: {screen_word(q).upper()}" + (f"  ({q['reason']})" if q["pass"] is None else "")]
+    undecided = {name: f"  ({_screen_reason(v, sc)})" if sc["pass"] is None else "" for name, sc in (("q", q), ("s", s))}
+    lines += ["", f"quality screen: {screen_word(q).upper()}{undecided['q']}"]
     for name, c in (q.get("checks") or {}).items():
         lines.append(f"  {name:<24} {_word(c['pass']):<5} " + ", ".join(
             f"{k}={v_:.4g}" for k, v_ in c.items() if k != "pass"))
     lines.append(f"speed screen:   {screen_word(s).upper()}" + (
-        f"  ratio {s['ratio']:.3f} (threshold {s['threshold']})" if s["pass"] is not None else f"  ({s['reason']})"))
+        f"  ratio {s['ratio']:.3f} (threshold {s['threshold']})" if s["pass"] is not None else undecided["s"]))
     lines += [f"  note: {n}" for n in q.get("notes", []) + [n for n in s.get("notes", []) if n not in q.get("notes", [])]]
     lines.append(f"cost: {s['cost_words']}")
     b = v["budget"]
@@ -107,7 +131,7 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
     ax.set_xticks(range(len(fams)), [f.replace("_", "\n") for f in fams], fontsize=8)
     ax.set_ylabel(f"accuracy (± {z}·se)")
     ax.set_title("Final-test accuracy by family")
-    ax.legend(fontsize=8)
+    _legend(ax)
     paths.append(_save(fig, out / "accuracy_by_family.png"))
 
     for key, title, fname, cumulative in (
@@ -140,7 +164,7 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
                     ax.plot(xs, cum, linestyle="--", label=f"{arm} (loopback)")
         ax.set_xlabel("update")
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        _legend(ax)
         paths.append(_save(fig, out / fname))
     paths.append(_loss_gap(rec, out, plt))
     if "study_hosts" in (v.get("projection") or {}):
@@ -167,9 +191,15 @@ def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
     ax.set_xlabel("update")
     ax.set_ylabel("nats")
     ax.set_title("Training loss gap to the single arm" if base else "Training loss gap (single arm missing)")
+    _legend(ax)
+    return _save(fig, out / "loss_gap_to_single.png")
+
+
+def _legend(ax) -> None:
+    """A legend where the plot has labelled lines (an arm without data draws none): matplotlib
+    warns "No artists with labels found" on an empty one."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    return _save(fig, out / "loss_gap_to_single.png")
 
 
 def _save(fig, path: Path) -> Path:
@@ -193,28 +223,30 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
                f"times and dollars describe that machine. The study's hosts appear only as a projection.", ""]
     md += _links(v)
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
-           "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) | reason |",
-           "|" + "---|" * (len(fams) + 5)]
+           "(A model's reason, where it has one, is in the verdict table above.)", "",
+           "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) |",
+           "|" + "---|" * (len(fams) + 4)]
     for m in v["arms"]:
         a = v["arms"].get(m, {})
         acc = a.get("accuracy") or {}
         md.append(f"| {m} | {a.get('status')} | " + " | ".join(_fmt(acc.get(f)) for f in fams) +
-                  f" | {_fmt(acc.get('overall'))} | {_fmt(a.get('retention_nll'), '.4f')} | "
-                  f"{_cell(a.get('failure_reason'))} |")
+                  f" | {_fmt(acc.get('overall'))} | {_fmt(a.get('retention_nll'), '.4f')} |")
     md += ["", "## Paired changes (percentage points, same test cases)", "",
            "| comparison | mean | se | lo | hi | n | McNemar exact p | note |", "|---|---|---|---|---|---|---|---|"]
     for k in v["pairs"]:
         cells = _paired_cells(v[k])
         if cells is None:
-            md.append(f"| {k} | — | — | — | — | 0 | — | {_cell(v[k]['reason'])} |")
+            note = _no_data(v, k.split("-"), v[k].get("reason"))
+            md.append(f"| {k} | — | — | — | — | 0 | — | {_cell(note)} |")
         else:
             mean, se, lo, hi, p = cells
             md.append(f"| {k} | {mean} | {se} | {lo} | {hi} | {v[k]['n']} | {p} | |")
     md += ["", "## Retention change against the seed (nats per target token)", "",
            "| arm | mean | se | upper (mean + z·se) | n | note |", "|---|---|---|---|---|---|"]
     for arm, r in v["retention_change"].items():
+        note = _no_data(v, [arm, "seed"], r.get("reason")) if r["mean"] is None else ""
         md.append(f"| {arm} | {_fmt(r['mean'], '+.4f')} | {_fmt(r['se'], '.4f')} | {_fmt(r['upper'], '+.4f')} | "
-                  f"{r['n']} | {_cell(r.get('reason'))} |")
+                  f"{r['n']} | {_cell(note)} |")
     md += ["", "## Cost", "",
            f"Hosts priced as {v['budget']['price']['instance_type']} "
            f"(${v['budget']['price']['usd_per_host_hour']}/host-hour)"
@@ -227,7 +259,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
     for arm, c in v["cost"].items():
         if not c:
             md.append(f"| {arm} | — | — | — | — | — | — | — | — | — | — | — | — | "
-                      f"{_cell(v['arms'][arm]['failure_reason'])} |")
+                      f"no finished run: {_named(v, [arm])} |")
             continue
         tx = sum(h["wire_tx_bytes"] for h in c["wire_per_host"])
         md.append(f"| {arm} | {c['gpu_s_active']:.1f} | {c['gpu_s_total']:.1f} | {c['host_hours']:.4f} | "
@@ -247,8 +279,8 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
            "not in these figures or in the budget line.", ""]
-    md += _projection(v.get("projection") or {})
-    md += _attempts(rec)
+    md += _projection(v.get("projection") or {}, v)
+    md += _attempts(rec, {a.get("failure_reason") for a in v["arms"].values()} - {None})
     md += ["## Plots", ""]
     md += [f"![{p.stem}]({p.name})" for p in plot_paths]
     return "\n".join(md) + "\n"
@@ -260,7 +292,7 @@ def _rate(mbit) -> str:
     return f"{mbit / 1e3:g} Gbit/s" if mbit >= 1e3 else f"{mbit:g} Mbit/s"
 
 
-def _projection(p: dict) -> list[str]:
+def _projection(p: dict, v: dict) -> list[str]:
     """The study's hosts projected (`gradshare.projection`), and this study's machine at other link
     rates from its own runs (`gradshare.measured_link`)."""
     if not p:
@@ -284,8 +316,8 @@ def _projection(p: dict) -> list[str]:
                       f"{_fmt(r.get('measured_s_per_update'))} | {r['speed_ratio']:.2f} | "
                       f"{_fmt(r.get('measured_speed_ratio'))} |")
         md += [""]
-    for arm, why in (m.get("missing") or {}).items():
-        md.append(f"- {arm}: not projected from this machine ({_cell(str(why))})")
+    for arm in m.get("missing") or {}:  # its reason is in the verdict table
+        md.append(f"- {arm}: not projected from this machine ({_named(v, [arm])})")
     if m.get("missing"):
         md.append("")
     return md
@@ -304,16 +336,20 @@ def _links(v: dict) -> list[str]:
     return md + [""]
 
 
-def _attempts(rec: StudyRecord) -> list[str]:
-    """Every attempt of every arm, failed ones included: a retried arm is visible as such."""
+def _attempts(rec: StudyRecord, shown: set[str] = frozenset()) -> list[str]:
+    """Every attempt of every arm, failed ones included: a retried arm is visible as such. A
+    reason already `shown` (in the verdict table) is referred to, not printed again."""
+    def once(reason):
+        return "the arm's reason, in the verdict table" if reason in shown else reason
+
     md = ["## Attempts", "", "| arm | attempt | run id | status | reason | resumed / full state |",
           "|---|---|---|---|---|---|"]
     for arm, a in rec.arms.items():
         if not a.attempts:
-            md.append(f"| {arm} | — | {a.run_id or '—'} | {a.status} | {_cell(a.failure_reason)} | |")
+            md.append(f"| {arm} | — | {a.run_id or '—'} | {a.status} | {_cell(once(a.failure_reason))} | |")
         for t in a.attempts:
             # a resumed attempt that finished keeps no failure reason: its run ended well
-            reason = None if t.get("status") == "FINISHED" else t.get("failure_reason")
+            reason = None if t.get("status") == "FINISHED" else once(t.get("failure_reason"))
             md.append(f"| {arm} | {_fmt(t.get('attempt'), '')} | {t.get('run_id') or '—'} | "
                       f"{t.get('status')} | {_cell(reason)} | {_full_state_cell(t)} |")
     return md + [""]

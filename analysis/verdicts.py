@@ -113,7 +113,8 @@ def _missing(rec: StudyRecord, *models: str) -> str:
 
 
 def _undecided(pre: Precondition) -> dict:
-    return {"pass": None, "status": pre.status, "reason": pre.reason, "notes": list(pre.notes)}
+    out = {"pass": None, "status": pre.status, "reason": pre.reason, "notes": list(pre.notes)}
+    return out | ({"missing": dict(pre.missing)} if pre.missing else {})
 
 
 def quality_screen(plan, pre: Precondition, paired, retention) -> dict:
@@ -144,3 +145,41 @@ def speed_screen(plan, pre: Precondition, rec, costs) -> dict:
             "candidate_active_tokens_per_s": tps_c, "baseline_active_tokens_per_s": tps_b,
             "ratio": ratio, "threshold": s.speed_ratio, "notes": list(pre.notes),
             "cost_words": cost_words(costs[cand], costs[base], ratio)}
+
+
+# --- the verdict as the analyze run's metrics: columns of the study's runs table in the UI ---
+SPEED_RATIO = "verdict/speed_ratio"  # candidate's active tokens/s over the speed baseline's
+TASK_GAIN_PP = "verdict/task_gain_pp"  # candidate - seed, mean paired change, percentage points
+TASK_GAIN_LO_PP = "verdict/task_gain_lo_pp"  # its lower bound (mean - z se)
+RETENTION_UPPER_NATS = "verdict/retention_upper_nats"  # candidate - seed, upper bound, nats/token
+COST_FIGURES = ("gpu_s_total", "usd", "cross_zone_usd")  # of each finished arm, as `cost` holds them
+
+
+def noninferior_lo_pp(control: str) -> str:
+    """Lower bound of candidate - `control` in percentage points (the non-inferiority check's figure)."""
+    return f"verdict/noninferior_{control}_lo_pp"
+
+
+def cost_metric(arm: str, figure: str) -> str:
+    return f"cost/{arm}/{figure}"
+
+
+def verdict_metrics(v: dict) -> dict[str, float]:
+    """The figures the screens are decided on, from a verdicts dict, wherever the study has them
+    (a screen left undecided by a missing control still shows the candidate's gain), and each
+    finished arm's cost. Nothing is computed here that `compute` did not."""
+    cand, out = v["candidate"], {}
+    gain = v[f"{cand}-seed"]
+    if gain["mean"] is not None:
+        out[TASK_GAIN_PP], out[TASK_GAIN_LO_PP] = 100 * gain["mean"], 100 * gain["lo"]
+    if (upper := v["retention_change"][cand]["upper"]) is not None:
+        out[RETENTION_UPPER_NATS] = upper
+    for c in v["controls"]:
+        if (lo := v[f"{cand}-{c}"]["lo"]) is not None:
+            out[noninferior_lo_pp(c)] = 100 * lo
+    if v["speed_screen"].get("ratio") is not None:
+        out[SPEED_RATIO] = v["speed_screen"]["ratio"]
+    for arm, c in v["cost"].items():
+        for figure in COST_FIGURES if c else ():
+            out[cost_metric(arm, figure)] = c[figure]
+    return out

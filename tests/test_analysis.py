@@ -12,10 +12,11 @@ from tests.conftest import run_entry
 
 
 def _analyze(study, tmp_path, name):
-    run_entry("analyze", "--study", study)
+    proc = run_entry("analyze", "--study", study)
     run = T.search(study, "analyze", status="FINISHED")[-1]
     d = tmp_path / name
-    return run, {p: T.download(run.info.run_id, p, d) for p in ("verdicts.json", "report.md", "report.html")}
+    files = {p: T.download(run.info.run_id, p, d) for p in ("verdicts.json", "report.md", "report.html")}
+    return run, files | {"stdout": proc.stdout}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,28 @@ def test_screens_are_decided_from_the_declared_thresholds(analysed):
         assert c["gpu_s_total"] >= c["gpu_s_active"] > 0
 
 
+def test_the_analyze_run_shows_the_verdict_as_columns_of_the_runs_table(analysed):
+    """The figures each screen is decided on, each finished arm's cost, and each screen's word,
+    as the analyze run's metrics and params, equal to what its verdicts.json says."""
+    _, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    q, s, m = v["quality_screen"]["checks"], v["speed_screen"], run.data.metrics
+    expected = {
+        "verdict/task_gain_pp": q["task_gain"]["value_pp"],
+        "verdict/task_gain_lo_pp": 100 * v["powersgd-seed"]["lo"],
+        "verdict/retention_upper_nats": q["retention"]["upper_nats"],
+        "verdict/noninferior_single_lo_pp": q["noninferior_to_single"]["lower_pp"],
+        "verdict/noninferior_dense_lo_pp": q["noninferior_to_dense"]["lower_pp"],
+        "verdict/speed_ratio": s["ratio"],
+        **{f"cost/{arm}/{k}": v["cost"][arm][k] for arm in ("single", "dense", "powersgd")
+           for k in ("gpu_s_total", "usd", "cross_zone_usd")}}
+    for key, value in expected.items():
+        assert m[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+    words = {True: "pass", False: "fail"}
+    assert run.data.params["quality_screen"] == words[v["quality_screen"]["pass"]]
+    assert run.data.params["speed_screen"] == words[s["pass"]]
+
+
 def test_the_report_shows_tables_and_self_contained_plots(analysed):
     _, run, files, _ = analysed
     md, page = files["report.md"].read_text(), files["report.html"].read_text()
@@ -113,8 +136,15 @@ def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partia
     md = files["report.md"].read_text()
     assert "| powersgd | FAILED |" in md and "unavailable" in md and "diverged" in md
     attempts = md[md.index("## Attempts"):md.index("## Plots")]
-    assert any(line.startswith("| dense |") and "FAILED" in line and "diverged" in line
+    assert any(line.startswith("| dense |") and "FAILED" in line and "the arm's reason, in the verdict table" in line
                for line in attempts.splitlines())
+    # every reason once, in its arm's row: the pairs, the screens, the cost, the projection and
+    # the attempts name the arm (analyze once printed a failed arm's reason seven times)
+    for arm in ("dense", "powersgd"):
+        reason = v["arms"][arm]["failure_reason"]
+        assert files["stdout"].count(reason) == 1 and md.count(reason) == 1, (arm, reason)
+    assert "no data: powersgd FAILED" in files["stdout"] and "missing: powersgd FAILED" in files["stdout"]
+    assert v["quality_screen"]["missing"]["dense"] == v["arms"]["dense"]["failure_reason"]  # the record keeps it
 
 
 def _record(**arms):
