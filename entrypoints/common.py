@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 class StepParser(argparse.ArgumentParser):
     """argparse that, before it exits on a bad parameter, records why on the run a launcher
-    (`mlflow run`) already made for this step: FAILED with the reason and the allowed
-    values, tagged a refusal, instead of a bare FAILED run."""
+    (`mlflow run`) already made for this step: a refusal, ended KILLED with the reason and the
+    allowed values, instead of a bare FAILED run (the launcher keeps KILLED where its process
+    has `tracking.mlflow_run_keeps_the_steps_end`)."""
 
     def error(self, message):
         run_id = os.environ.get("MLFLOW_RUN_ID")
@@ -21,8 +23,11 @@ class StepParser(argparse.ArgumentParser):
             try:
                 from gradshare import tracking as T
 
-                for key, value in {T.FAILURE: f"bad parameter: {message}", T.REFUSAL: "true"}.items():
+                tags = {T.FAILURE: f"bad parameter: {message}", T.REFUSAL: "true",
+                        "mlflow.runName": f"refused-{Path(self.prog).stem}"}
+                for key, value in tags.items():
                     T.client().set_tag(run_id, key, value)
+                T.client().set_terminated(run_id, "KILLED")
             except Exception as exc:  # the parameter error is what the user must see
                 print(f"[gradshare] could not record the refusal on run {run_id}: {exc}", file=sys.stderr)
         super().error(message)

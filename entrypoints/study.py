@@ -40,6 +40,7 @@ def main(argv=None) -> None:
     tag = (lambda k, v: T.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
     tag(T.STUDY, args.study)
     tag(T.STEP, "study")
+    tag("mlflow.runName", "study")  # its row in the runs table, beside prepare, train-..., analyze
     from gradshare.orphans import process_tags
 
     for key, value in process_tags().items():  # alive while its steps run: never swept by them

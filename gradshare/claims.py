@@ -16,7 +16,8 @@ Two commits at once: the one with the lower index sees no live commit before it 
 proceeds; the other sees it and refuses naming its run. A train that claims after a
 commit (finished, or still running) refuses; a commit that finds a train still running
 before it refuses. A live entry is one whose run is RUNNING or FINISHED; a run that was
-refused or failed no longer holds anything. The ledger is visible in the UI as the
+refused (KILLED, tagged `gradshare.refusal`) or failed no longer holds anything, and a refusal
+is never an attempt, whatever its status. The ledger is visible in the UI as the
 prepare run's `claim.*` parameters, in order.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Entry:
     arm: str | None
     run_id: str
     status: str  # the run's status when read: RUNNING, FINISHED, FAILED, KILLED, or MISSING
-    refusal: bool  # the run was refused: it is no attempt and holds nothing
+    refusal: bool  # the run was refused (it ends KILLED): it is no attempt and holds nothing
     reason: str | None = None
     attempted: bool = False  # the run was told it may start (tag gradshare.attempt)
 
@@ -151,6 +152,9 @@ def decide_train(prefix: list[Entry], arm: str, max_attempts: int) -> int:
 def decide_resume(prefix: list[Entry], arm: str, run_id: str) -> None:
     """A stopped attempt of `arm` may continue in its own run (`train --resume-from`), or a
     Refusal naming what is in the way."""
+    if refused := [e for e in prefix if e.run_id == run_id and e.refusal]:
+        raise T.Refusal(f"run {run_id} was a refusal ({refused[0].reason}), not an attempt of arm {arm}: "
+                        f"nothing to resume")
     own = [e for e in prefix if e.step == "train" and e.run_id == run_id and e.attempt]
     if not own or own[0].arm != arm:
         raise T.Refusal(f"run {run_id} is no attempt of arm {arm} in this study's ledger: nothing to resume")

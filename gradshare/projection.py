@@ -300,39 +300,56 @@ def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS) -> dict:
     return compute(full_shape(plan), record, source, hosts=hosts)
 
 
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"{what}: expected numbers separated by commas, got {text!r}") from None
+def _numbers(kind, least: float, too_small: str):
+    """An argparse type: numbers separated by commas, each finite and at least `least`; anything
+    else is refused as argparse refuses a bad value (the usage line, exit status 2)."""
+    def parse(text: str) -> list:
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+        if not all(math.isfinite(v) and v >= least for v in values):
+            raise argparse.ArgumentTypeError(f"{too_small}, got {text!r}")
+        return values
+    return parse
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="gradshare project", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--study", help="a prepared study: its own workload, and its machine's measured arms")
-    ap.add_argument("--hosts", default=",".join(map(str, DEFAULT_HOSTS)), help="host counts of the plot, e.g. 2,4,8")
-    ap.add_argument("--rates-mbit", default="", help="with --study: its machine's link rates, Mbit/s "
-                                                      "(default: the rate its arms ran over)")
+    ap.add_argument("--hosts", type=_numbers(int, 2, "a two-process arm needs at least 2 hosts"),
+                    default=list(DEFAULT_HOSTS),
+                    help="host counts of the plot, e.g. 2,4,8 (a two-process arm needs at least 2)")
+    ap.add_argument("--rates-mbit", type=_numbers(float, 1e-3, "a link rate is a positive number of Mbit/s"),
+                    default=[],
+                    help="with --study: its machine's link rates, Mbit/s (default: the rate its arms ran over)")
     ap.add_argument("--json", help="also write everything to this file")
     ap.add_argument("--plot", help="also draw speed ratio against link rate to this PNG")
     args = ap.parse_args(argv)
-    hosts = [int(h) for h in _floats(args.hosts, "--hosts")]
-    rates = _floats(args.rates_mbit, "--rates-mbit")  # checked even without --study
-    if any(h < 2 for h in hosts):
-        raise SystemExit("--hosts: a two-process arm needs at least 2 hosts")
+    hosts, rates = args.hosts, args.rates_mbit
     if rates and not args.study:
-        raise SystemExit("--rates-mbit re-projects a study's own machine: it needs --study")
+        ap.error("--rates-mbit re-projects a study's own machine: it needs --study")
     out = {}
     prep = None
     if args.study:
         from gradshare import store  # MLflow: here only, with a study
+        from gradshare import tracking as T
 
-        prep, plan = store.prepared_plan(args.study)
-        plan, measured = ML.from_study(args.study)
-        rows = ML.grid(measured, plan, hosts, rates or [measured.link_mbit])
-        out["measured"] = {"machine": measured.name, "source": measured.source, "rows": rows}
-        print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows) + "\n")
+        T.existing_study(args.study)  # an unknown study is refused in one line, and never created
+        try:
+            prep, plan = store.prepared_plan(args.study)
+        except T.StudyError as exc:
+            raise SystemExit(f"[gradshare] project: {exc}") from None
+        try:
+            plan, measured = ML.from_study(args.study)
+        except ValueError as exc:  # e.g. no finished single arm yet: the study's hosts still project
+            out["measured"] = {"reason": str(exc)}
+            print(f"## The machine study {args.study!r} ran on: not projected ({exc})\n")
+        else:
+            rows = ML.grid(measured, plan, hosts, rates or [measured.link_mbit])
+            out["measured"] = {"machine": measured.name, "source": measured.source, "rows": rows}
+            print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows) + "\n")
     else:
         plan = load_plan("full", {})
     p = for_plan(plan, prep, log=lambda m: print(m, flush=True), hosts=hosts)

@@ -14,8 +14,12 @@ report say, with the reason. `hosts=emulated` refuses instead of falling back;
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
+
+from gradshare import tracking as T
+from gradshare.server import NO_JOBS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,8 +35,20 @@ def _step(entry: str, study: str, params: dict) -> tuple[bool, float]:
                             env_manager="local", experiment_name=study, synchronous=True)
         return True, time.perf_counter() - t0
     except ExecutionException as exc:
-        print(f"[gradshare] {entry} ended FAILED: {exc}", flush=True)
+        print(f"[gradshare] {entry} ended {_ended(exc)}: {exc}", flush=True)
         return False, time.perf_counter() - t0
+
+
+def _ended(exc: Exception) -> str:
+    """How the step's run ended: FAILED, or KILLED where it was refused (nothing attempted)."""
+    found = re.search(r"Run \(ID '([0-9a-f]+)'\)", str(exc))
+    try:
+        run = T.client().get_run(found.group(1)) if found else None
+    except Exception:  # noqa: BLE001 - the words only: the run says it itself
+        run = None
+    if run is not None and run.data.tags.get(T.REFUSAL) == "true":
+        return f"{run.info.status} (refused)"
+    return "FAILED"
 
 
 def _arm_across(study: str, arm: str, plan) -> tuple[bool, float]:
@@ -54,6 +70,7 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     from gradshare.prepare import archive_existing_study
 
     plan = load_plan(profile, overrides)  # refuse an impossible plan before anything runs
+    T.mlflow_run_keeps_the_steps_end()  # this process launches the steps: a refused one stays KILLED
     # every step runs in the checkout: a relative SQLite path must mean this directory's file
     import mlflow
 
@@ -91,12 +108,15 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
 
 
 def ui_hint(study: str) -> str:
+    """Where the study's runs table opens: its server's, or the light UI's command on its store
+    (without MLflow's job runner: eight processes a study never uses)."""
     import mlflow
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    uri = os.environ.get("MLFLOW_TRACKING_URI", T.DEFAULT_URI)
     exp = mlflow.get_experiment_by_name(study)
     eid = exp.experiment_id if exp else "?"
     if uri.startswith("http"):
-        return f"open {uri}/#/experiments/{eid}"
-    return (f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open "
-            f"http://127.0.0.1:5000/#/experiments/{eid}")
+        return f"open {T.runs_table(eid, uri)}"
+    light = " ".join(f"{k}={v}" for k, v in NO_JOBS.items())
+    return (f"{light} mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000   # then open "
+            f"{T.runs_table(eid, 'http://127.0.0.1:5000')}")

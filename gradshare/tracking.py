@@ -29,7 +29,29 @@ class StudyError(RuntimeError):
 
 class Refusal(StudyError):
     """The step was refused before it did any work (already done, committed, not allowed):
-    its run is tagged `gradshare.refusal=true` and is not an attempt of anything."""
+    its run ends KILLED (a failure ends FAILED), tagged `gradshare.refusal=true` with the reason
+    in `gradshare.failure_reason`, and is not an attempt of anything."""
+
+
+def mlflow_run_keeps_the_steps_end() -> None:
+    """Make MLflow's launcher (`mlflow run`, `mlflow.projects.run`) leave a run its step already
+    ended as the step ended it. After a step exits non-zero the launcher ends the run FAILED
+    unless it is ended already, but its check (`mlflow.projects._maybe_set_run_terminated`,
+    MLflow 3.17) hands `RunStatus.is_terminated` the status as a string where it takes the
+    enum's int, so it never holds: a refusal's KILLED became FAILED. Here it takes both; for an
+    int nothing changes. Called in the launcher's own process (`gradshare study`; MLflow imports
+    `gradshare.mlflow_plugin` into every process that imports mlflow)."""
+    from mlflow.entities import RunStatus
+
+    if getattr(RunStatus.is_terminated, "takes_strings", False):
+        return
+    by_int = RunStatus.is_terminated
+
+    def is_terminated(status) -> bool:
+        return by_int(RunStatus.from_string(status) if isinstance(status, str) else status)
+
+    is_terminated.takes_strings = True
+    RunStatus.is_terminated = staticmethod(is_terminated)
 
 
 def stop_on_sigterm() -> None:
@@ -80,18 +102,50 @@ def safe_artifact_path(path: str) -> str:
     return text
 
 
-def setup(study: str):
-    """Point MLflow at the store and the study's experiment; returns the experiment id."""
+def connect() -> str:
+    """Point MLflow at the store (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here), refusing a
+    server that does not answer; returns the URI. Reads and writes nothing in it."""
     import mlflow
 
-    check_study_name(study)
     os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    # MLflow draws a progress bar for every artifact download (each step fetches the plan): off
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     check_reachable(os.environ["MLFLOW_TRACKING_URI"])
+    return os.environ["MLFLOW_TRACKING_URI"]
+
+
+def existing_study(study: str):
+    """The study's experiment, or SystemExit with one line: a step that reads a study never
+    creates one by naming it (a typo would otherwise leave an empty study behind)."""
+    import mlflow
+
+    check_study_name(study)
+    uri = connect()
+    exp = mlflow.get_experiment_by_name(study)
+    if exp is None or exp.lifecycle_stage != "active":
+        gone = " (its experiment is deleted)" if exp is not None else ""
+        # SystemExit: one line on stderr, no run and no experiment anywhere
+        raise SystemExit(f"[gradshare] no study {study!r} in {uri}{gone}: run prepare first "
+                         f"(`gradshare prepare --study {study}`); nothing was done")
+    return exp
+
+
+def setup(study: str, create: bool = True):
+    """Point MLflow at the store and the study's experiment; returns the experiment id. Only the
+    steps that make a study (prepare, study) create its experiment: with `create=False` a study
+    that does not exist is refused with one line (`existing_study`)."""
+    import mlflow
+
+    if create:
+        check_study_name(study)
+        connect()
+    else:
+        existing_study(study)
     exp = mlflow.set_experiment(study)
     if exp.tags.get(EXPERIMENT_KIND) != "custom_model_development":
-        # MLflow 3's UI opens a GenAI overview unless told this is model training.
+        # MLflow 3's UI opens a GenAI overview unless told this is model training; with this tag
+        # its experiment page redirects to the runs table (`/#/experiments/<id>/runs`).
         client().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, "custom_model_development")
     from gradshare import orphans
 
@@ -100,6 +154,15 @@ def setup(study: str):
     orphans.sweep(exp.experiment_id, keep={os.environ.get("MLFLOW_RUN_ID", "")},
                   log=lambda line: print(line, file=sys.stderr))
     return exp.experiment_id
+
+
+def runs_table(experiment_id: str, base: str = "", run_id: str = "") -> str:
+    """The MLflow UI's runs table of a study, or one run's page in it (`base`: the server, e.g.
+    http://127.0.0.1:5000). `workflowType=machine_learning` gives it MLflow 3's model-training
+    navigation (Runs, Models), as the experiment's own page does when it redirects there; without
+    it a fresh browser shows the GenAI one (traces, judges, prompts) beside the same table."""
+    run = f"/{run_id}" if run_id else ""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs{run}?workflowType=machine_learning"
 
 
 def client():
@@ -171,17 +234,24 @@ def one_line(exc: BaseException) -> str:
     return " ".join(text.split())[:4000]
 
 
+TRACEBACK = "failure/traceback.txt"  # an unexpected error's traceback, on the run it ended
+
+
 @contextlib.contextmanager
 def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
-              run_name: str | None = None, system_metrics: bool = False):
-    """An MLflow run of the study that ends FINISHED, or FAILED with a one-line reason.
+              run_name: str | None = None, system_metrics: bool = False, create: bool = False):
+    """An MLflow run of the study that ends FINISHED; FAILED with a one-line reason; or, where
+    the step was refused (`Refusal`), KILLED with the reason and `gradshare.refusal=true`, so
+    that the UI tells a refusal from a failure at a glance.
 
-    Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to the
-    study's experiment; otherwise starts a new one there.
+    The study must exist (`create=False`: a step on an unknown study is refused before any run,
+    `existing_study`). Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to
+    the study's experiment; otherwise starts a new one there. On stderr: the reason in one line
+    first; an unexpected error's traceback goes to the run's `failure/traceback.txt`.
     """
     import mlflow
 
-    exp_id = setup(study)
+    exp_id = setup(study, create=create)
     # Taken out of the environment: a later start_run(nested=True) would otherwise resume
     # this run instead of creating a child.
     run_id = os.environ.pop("MLFLOW_RUN_ID", None)
@@ -195,7 +265,7 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         client().delete_tag(run_id, FAILURE)
     run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
                            log_system_metrics=system_metrics)
-    status, end_tags = "FAILED", {}
+    status, end_tags, texts = "FAILED", {}, {}
     try:
         from gradshare.orphans import process_tags
 
@@ -207,30 +277,44 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
             reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
         else:
             reason = one_line(exc)
-        refused = {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
-        end_tags = {FAILURE: reason} | (refused if isinstance(exc, Refusal) else {})
-        if not isinstance(exc, StudyError):
-            traceback.print_exc()
-        print(f"[gradshare] {step} FAILED: {reason}", file=sys.stderr)
+        end_tags = {FAILURE: reason}
+        if isinstance(exc, Refusal):  # nothing was attempted: KILLED, MLflow's other terminal status
+            status = "KILLED"
+            end_tags |= {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
+        print(f"[gradshare] {step}{f' {arm}' if arm else ''} "
+              f"{'refused' if status == 'KILLED' else 'FAILED'}: {reason}", file=sys.stderr, flush=True)
+        if not isinstance(exc, StudyError):  # a user's error needs no traceback; anything else keeps one
+            texts[TRACEBACK] = traceback.format_exc()
         raise SystemExit(1) from None
     finally:
-        end_run(run.info.run_id, status, end_tags)  # whatever happened above, the run does not stay RUNNING
+        stored = False
+        try:  # whatever happened above, the run does not stay RUNNING
+            stored = end_run(run.info.run_id, status, end_tags, texts)
+        finally:
+            if texts and stored:
+                print(f"[gradshare] its traceback: {TRACEBACK} of run {run.info.run_id} (`mlflow artifacts "
+                      f"download -r {run.info.run_id} -a {TRACEBACK}`)", file=sys.stderr, flush=True)
+            elif texts:  # the store did not take it: the traceback is not lost
+                print(texts[TRACEBACK], file=sys.stderr, end="", flush=True)
 
 
-def end_run(run_id: str, status: str, tags: dict) -> None:
-    """End the step's run with its tags. Where the server does not answer, or the run's earlier
-    records still wait in its outbox, the end waits there behind them (`gradshare upload`)."""
+def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None = None) -> bool:
+    """End the step's run with its tags, first logging `texts` (`{artifact_file: text}`) to it;
+    returns whether the store took them (the caller prints them where it did not). Where the
+    server does not answer, or the run's earlier records still wait in its outbox, the end waits
+    there behind them (`gradshare upload`)."""
     import mlflow
 
     from gradshare import outbox
 
     box = outbox.Outbox(run_id, grace_s=0)
     if not box.pending() and outbox.reachable():
+        stored = _log_texts(texts or {})
         if tags:
             mlflow.set_tags(tags)
         mlflow.end_run(status)
         shutil.rmtree(box.dir, ignore_errors=True)  # every record is in the store: nothing to keep
-        return
+        return stored
     box.end(status, tags)
     with outbox.fast_fail():
         try:
@@ -242,3 +326,16 @@ def end_run(run_id: str, status: str, tags: dict) -> None:
               f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
               file=sys.stderr, flush=True)
         raise SystemExit(1)
+    return False
+
+
+def _log_texts(texts: dict[str, str]) -> bool:
+    """Text artifacts of the active run; False where the store refused one (the run still ends)."""
+    import mlflow
+
+    try:
+        for artifact_file, text in texts.items():
+            mlflow.log_text(text, safe_artifact_path(artifact_file))
+    except Exception:  # noqa: BLE001 - a full or read-only artifact store must not keep the run open
+        return False
+    return True

@@ -120,11 +120,13 @@ def test_the_driver_refuses_the_same_launches_for_callers_that_skip_the_entry_po
 
 def test_with_an_experiment_name_a_bad_machine_rank_is_a_failed_refusal_naming_the_ranks(mlflow_server):
     """The plugin is not asked where the command names its experiment: MLflow makes the run, and
-    the entry point's check ends it FAILED as a refusal that says which ranks there are."""
+    the entry point's check ends it as a refusal that says which ranks there are."""
     proc = _mlflow_run("-e", "train", "--env-manager", "local", "--experiment-name", "rank-typo",
                        "-P", "study=rank-typo", "-P", "arm=dense", "-P", "machine_rank=-1")
     assert proc.returncode != 0
     [run] = T.client().search_runs([mlflow.get_experiment_by_name("rank-typo").experiment_id])
+    # the parser ends it KILLED, a refusal; `mlflow run` then ends it FAILED (MLflow 3.17's check for an
+    # ended run is broken) until its process calls tracking.mlflow_run_keeps_the_steps_end (test_first_day)
     assert run.info.status == "FAILED" and run.data.tags[T.REFUSAL] == "true"
     assert "machine_rank=-1" in run.data.tags[T.FAILURE] and "0..0" in run.data.tags[T.FAILURE]
 

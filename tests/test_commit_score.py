@@ -15,7 +15,7 @@ def test_score_before_commit_refuses_with_a_clear_message(failing_study):
     assert not T.is_committed(failing_study)  # no test commits this study
     proc = run_entry("score", "--study", failing_study, check=False)
     assert proc.returncode != 0
-    run = T.search(failing_study, "score", status="FAILED")[-1]
+    run = T.search(failing_study, "score", status="KILLED")[-1]  # a refusal: KILLED, not FAILED
     assert "is not committed" in run.data.tags[T.FAILURE] and "-e commit" in run.data.tags[T.FAILURE]
     assert not T.search(failing_study, "score", "seed")  # nothing was scored
 
@@ -45,16 +45,16 @@ def test_a_second_commit_refuses(committed):
     proc = run_entry("commit", "--study", study, check=False)
     assert proc.returncode != 0
     assert len(T.search(study, "commit", status="FINISHED")) == 1
-    failed = T.search(study, "commit", status="FAILED")
-    assert "already committed" in failed[-1].data.tags[T.FAILURE]
+    refused = T.search(study, "commit", status="KILLED")
+    assert "already committed" in refused[-1].data.tags[T.FAILURE] and refused[-1].data.tags[T.REFUSAL] == "true"
 
 
 def test_train_refuses_new_candidates_once_the_study_is_committed(partial_study):
     study, _ = partial_study  # powersgd never ran there: it would be a new candidate
     proc = run_entry("train", "--study", study, "--arm", "powersgd", check=False)
     assert proc.returncode != 0
-    failed = T.search(study, "train", "powersgd", status="FAILED")
-    assert "is committed" in failed[-1].data.tags[T.FAILURE]
+    refused = T.search(study, "train", "powersgd", status="KILLED")
+    assert "is committed" in refused[-1].data.tags[T.FAILURE]
 
 
 def test_one_score_step_is_a_parent_run_with_one_nested_run_per_model(scored):

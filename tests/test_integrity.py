@@ -54,10 +54,22 @@ def test_a_claimant_that_died_before_its_decision_made_no_attempt():
 
 
 def test_refusals_are_not_attempts_and_hold_nothing():
-    prefix = [_entry(1, "train", "dense", "FAILED", refusal=True),
-              _entry(2, "commit", None, "FAILED", refusal=True)]
+    prefix = [_entry(1, "train", "dense", "KILLED", refusal=True),
+              _entry(2, "commit", None, "KILLED", refusal=True)]
     assert claims.decide_train(prefix, "dense", max_attempts=1) == 1
     claims.decide_commit(prefix)  # the refused commit does not count as a commitment
+    # a refusal that ended FAILED (a store written before refusals ended KILLED) holds nothing either
+    assert claims.decide_train([_entry(1, "train", "dense", "FAILED", refusal=True)], "dense", 1) == 1
+
+
+def test_a_refused_train_run_is_never_resumed_though_it_ended_killed():
+    """`train --resume-from` takes stopped (FAILED or KILLED) attempts: a refusal ends KILLED too,
+    and is refused as no attempt, naming why it was refused."""
+    refused = claims.Entry(1, "train", "dense", "r1", "KILLED", True, "budget: arm dense would cost $9", False)
+    with pytest.raises(T.Refusal, match=r"run r1 was a refusal \(budget: arm dense would cost \$9\)"):
+        claims.decide_resume([refused], "dense", "r1")
+    stopped = _entry(1, "train", "dense", "KILLED", run_id="r1")  # a real attempt, stopped: resumable
+    claims.decide_resume([stopped], "dense", "r1")  # the entries before the resume's own claim
 
 
 def test_the_earlier_of_two_claims_wins_and_the_later_names_it():
@@ -121,7 +133,7 @@ def test_two_concurrent_commits_one_succeeds_the_other_refuses_naming_it(race_st
     results = _concurrently("commit", race_study)
     assert sorted(p.returncode for p, *_ in results) == [0, 1]
     [winner] = T.search(race_study, "commit", status="FINISHED")
-    [loser] = T.search(race_study, "commit", status="FAILED")
+    [loser] = T.search(race_study, "commit", status="KILLED")  # a refusal: KILLED, not FAILED
     assert winner.info.run_id in loser.data.tags[T.FAILURE]
     assert loser.data.tags[T.REFUSAL] == "true"
 
@@ -132,7 +144,8 @@ def test_two_concurrent_scores_one_succeeds_the_other_refuses_naming_it(race_stu
     results = _concurrently("score", race_study)
     assert sorted(p.returncode for p, *_ in results) == [0, 1], [e[-1][-2000:] for e in results]
     [winner] = T.finished_score_steps(race_study)
-    [loser] = [r for r in T.search(race_study, "score", status="FAILED") if T.ARM not in r.data.tags]
+    [loser] = [r for r in T.search(race_study, "score", status="KILLED") if T.ARM not in r.data.tags]
+    assert loser.data.tags[T.REFUSAL] == "true"
     assert winner.info.run_id in loser.data.tags[T.FAILURE]
     assert len(T.search(race_study, "score", "seed", status="FINISHED")) == 1  # scored once
 

@@ -145,11 +145,18 @@ def test_the_command_prints_the_verdict_writes_the_plot_and_refuses_bad_input(tm
     assert f"| powersgd | {psgd['s_per_update']:.3f} | {psgd['speed_ratio']:.2f} |" in out.stdout
     assert "built here by prepare's code" in out.stdout and "Break-even" in out.stdout
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    for args, says in ((["--hosts", "1"], "at least 2 hosts"), (["--rates-mbit", "abc"], "expected numbers"),
+    assert not out.stderr.strip(), out.stderr[-2000:]  # no progress bar, no warning
+    # refused as argparse refuses (usage, one error line, exit 2) before anything is read: with a
+    # study too, where a bad rate was once ignored
+    for args, says in ((["--hosts", "1"], "at least 2 hosts"), (["--hosts", "2,x"], "expected numbers"),
+                       (["--rates-mbit", "abc"], "expected numbers"),
+                       (["--rates-mbit", "abc", "--study", "no-store-needed"], "expected numbers"),
+                       (["--rates-mbit", "0", "--study", "no-store-needed"], "positive number of Mbit/s"),
                        (["--rates-mbit", "5"], "needs --study")):
         bad = subprocess.run([sys.executable, "-m", "gradshare.cli", "project", *args], cwd=REPO,
                              capture_output=True, text=True)
-        assert bad.returncode != 0 and says in bad.stderr, args
+        assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr)
+        assert bad.stderr.splitlines()[-1].startswith("gradshare project: error: "), args
 
 
 # --- a study's own machine (gradshare.measured_link) -------------------------------------

@@ -145,7 +145,7 @@ def test_a_nan_loss_ends_the_run_failed_with_a_reason_and_the_default_plan_allow
     again = run_entry("train", "--study", failing_study, "--arm", "dense", check=False)
     assert again.returncode != 0
     first, refused = T.search(failing_study, "train", "dense")
-    assert first.info.run_id == run.info.run_id and refused.info.status == "FAILED"
+    assert first.info.run_id == run.info.run_id and refused.info.status == "KILLED"  # a refusal, not a failure
     assert refused.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in refused.data.tags
     assert "used its 1 attempt" in refused.data.tags[T.FAILURE] and run.info.run_id in refused.data.tags[T.FAILURE]
 
@@ -165,7 +165,7 @@ def test_an_arm_that_would_overlap_a_running_arm_is_refused(failing_study):
         c.set_terminated(other.info.run_id, "KILLED")
     assert proc.returncode != 0
     [run] = T.search(failing_study, "train", "powersgd")
-    assert run.info.status == "FAILED" and "never overlapping" in run.data.tags[T.FAILURE]
+    assert run.info.status == "KILLED" and "never overlapping" in run.data.tags[T.FAILURE]
     assert other.info.run_id in run.data.tags[T.FAILURE] and run.data.tags[T.REFUSAL] == "true"
 
 
