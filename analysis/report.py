@@ -219,7 +219,9 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
     if v["seed_model"].startswith("random-"):
         md += ["> **Randomly initialised seed model: throughput work only. No quality verdict applies.**", ""]
     if v.get("emulation"):
-        md += [f"> **{v['emulation'].capitalize()}.** The arms ran as CPU processes on one machine; their "
+        where = ("the two-process arms' ranks shared one GPU over gloo" if v["emulation"].startswith("rehearsal")
+                 else "the arms ran as CPU processes on one machine")
+        md += [f"> **{v['emulation'][0].upper() + v['emulation'][1:]}.** {where[0].upper() + where[1:]}; their "
                f"times and dollars describe that machine. The study's hosts appear only as a projection.", ""]
     md += _links(v)
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",

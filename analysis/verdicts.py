@@ -75,7 +75,7 @@ def compute(rec: StudyRecord) -> dict:
         "seed_model": rec.plan.model.source,
         "projection": _projection(rec),
         "emulation": (f"{plan.study.profile} profile, CPU emulation: speed and dollars are not the study's"
-                      if plan.emulated else None),
+                      if plan.emulated else plan.rehearsal_note),
     }
 
 

@@ -40,23 +40,30 @@ OVERRIDES = {"hardware.rehearsal": "one-gpu", "schedule.updates": "16", "data.tr
 ARMS = ("single", "dense", "powersgd")
 
 
-def _steps(smoke: bool) -> list[tuple[str, list[str]]]:
+def _overrides(smoke: bool, extra: list[str]) -> dict:
+    """The rehearsal's plan overrides, and any `concern.field=value` given with --set (say why in
+    the result: e.g. `hardware.cuda_graphs=false` to fit two ranks on an 80 GB card)."""
+    return {} if smoke else OVERRIDES | dict(x.split("=", 1) for x in extra)
+
+
+def _steps(overrides: dict, smoke: bool) -> list[tuple[str, list[str]]]:
     prep = ["prepare", "--study", STUDY, "--profile", "smoke" if smoke else "full", "--new-study", "true"]
-    for k, v in ({} if smoke else OVERRIDES).items():
+    for k, v in overrides.items():
         prep += [f"--{k}", v]
     return ([("prepare", prep)] + [(f"train {arm}", ["train", "--study", STUDY, "--arm", arm]) for arm in ARMS]
             + [(step, [step, "--study", STUDY]) for step in ("commit", "score", "analyze")])
 
 
-def run(work: Path, smoke: bool = False) -> dict:
+def run(work: Path, smoke: bool = False, extra: list[str] = ()) -> dict:
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
            "GRADSHARE_OUTBOX": str(work / "outbox"),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    data = {"study": STUDY, "overrides": {} if smoke else OVERRIDES, "smoke": smoke, "steps": {}, "env": _env()}
+    overrides = _overrides(smoke, list(extra))
+    data = {"study": STUDY, "overrides": overrides, "smoke": smoke, "steps": {}, "env": _env()}
     t_all = time.perf_counter()
-    for name, args in _steps(smoke):
+    for name, args in _steps(overrides, smoke):
         t0 = time.perf_counter()
         print(f"[rehearsal] {name} ...", flush=True)
         done = subprocess.run([sys.executable, "-m", f"entrypoints.{args[0]}", *args[1:]], cwd=work, env=env)
@@ -133,7 +140,7 @@ def markdown(data: dict) -> str:
           (f"`benchmarks/rehearsal.py --smoke`: the smoke profile on a CPU (the script's path, not a figure). "
            if data.get("smoke") else
            f"`benchmarks/rehearsal.py`: the whole study rehearsed on one GPU (full profile, random "
-           f"1.7B, `hardware.rehearsal=one-gpu`, cut to {data['overrides']['schedule.updates']} updates; "
+           f"1.7B, overrides {', '.join(f'`{k}={v}`' for k, v in data['overrides'].items())}; "
            f"the two-process arms' ranks share the GPU over gloo: speed and cost are not the study's). ")
           +
           f"Whole study {data.get('whole_s', 0):.0f} s.", "",
@@ -165,6 +172,8 @@ def main(argv=None) -> None:
     ap.add_argument("--work", help="run the rehearsal here (a fresh folder on a disk with ~40 GB free)")
     ap.add_argument("--smoke", action="store_true",
                     help="the smoke profile on a CPU, no rehearsal: checks this script's path in minutes")
+    ap.add_argument("--set", action="append", default=[], metavar="CONCERN.FIELD=VALUE",
+                    help="another plan override for the rehearsal (recorded in the result)")
     ap.add_argument("--table", help="print the table of this rehearsal.json instead of running")
     ap.add_argument("--benchmarks-md", help="with --table: append it to this file")
     args = ap.parse_args(argv)
@@ -177,7 +186,7 @@ def main(argv=None) -> None:
         return
     if not args.work:
         ap.error("--work DIR (to run) or --table FILE (to print a result)")
-    print(markdown(run(Path(args.work), args.smoke)))
+    print(markdown(run(Path(args.work), args.smoke, args.set)))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
           ) -> tuple[argparse.Namespace, dict[str, str]]:
     """Known flags, and the rest as plan overrides (refused where the plan is already fixed)."""
     args, rest = parser.parse_known_args(argv)
+    from gradshare.scratch import use_scratch
+
+    use_scratch(Path(parser.prog).stem)  # the step's temporary files, removed when it ends
     if getattr(args, "study", None) is not None:
         from gradshare.tracking import StudyError, check_study_name
 

@@ -54,7 +54,7 @@ def main(argv=None) -> None:
 
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
     if launch.machine_rank > 0:  # only machine rank 0 owns the arm's MLflow run
-        T.setup(args.study)
+        T.setup(args.study, create=False)
         launcher = os.environ.get("MLFLOW_RUN_ID")
         if launcher:  # a launcher's run for this host: say what it is and that it lives
             from gradshare.orphans import process_tags
@@ -94,7 +94,7 @@ def _checked_resume(study: str, arm: str, run_id: str):
     from gradshare import tracking as T
     from gradshare.train.driver import check_resume
 
-    T.setup(study)
+    T.setup(study, create=False)
     try:
         resume = check_resume(study, arm, run_id)
     except T.Refusal as exc:

@@ -36,7 +36,7 @@ def guard(study: str, now: bool = False, poll_s: float = 30.0, log=print) -> lis
     from gradshare import limits, store
     from gradshare import tracking as T
 
-    T.setup(study)
+    T.setup(study, create=False)
     prep, plan = store.prepared_plan(study)
     i = plan.infra
     if not i.instance_ids:

@@ -180,4 +180,5 @@ class StudyExperimentProvider(DefaultExperimentProvider):
             archived = archive_existing_study(study)
             if archived:
                 print(f"[gradshare] earlier study archived as experiment {archived!r}", file=sys.stderr)
-        return T.setup(study)
+        entry = params.get("entry_point") or "main"
+        return T.setup(study, create=entry in ("prepare", "study"))  # the others read a study

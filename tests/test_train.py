@@ -110,6 +110,15 @@ def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):
         assert len(run.data.tags[T.CKPT_SHA]) == 64
         assert run.data.tags[T.ARM] == arm and run.data.tags[T.STEP] == "train"
         assert any(k.startswith("system/") for k in run.data.metrics), arm  # MLflow system metrics
+        # the arm's phases, measured: what the limits read instead of declared start-up figures
+        from gradshare import metrics as M
+        m = run.data.metrics
+        assert all(m[M.phase_s(p)] >= 0 for p in M.PHASES), (arm, {p: m.get(M.phase_s(p)) for p in M.PHASES})
+        assert m[M.phase_s("updates")] == m["perf/active_s"] and m[M.phase_s("checkpoint_write")] == m["ckpt/save_s"]
+        first = min(c.get_metric_history(run.info.run_id, "perf/step_s"), key=lambda x: x.step)
+        assert m[M.phase_s("first_update")] == first.value
+        shapes = json.loads(T.download(T.prepare_run(trained_study).info.run_id, "model_shapes.json").read_text())
+        assert m[M.REPLICA_TENSORS] == len(shapes["shapes"])  # every parameter compared
 
 
 def test_the_checkpoint_upload_to_the_tracking_server_is_metered_as_its_own_line(trained_study):
@@ -122,10 +131,10 @@ def test_the_checkpoint_upload_to_the_tracking_server_is_metered_as_its_own_line
 
 
 def test_the_checkpoint_hash_tag_is_the_hash_of_the_logged_checkpoint(trained_study, tmp_path):
-    from gradshare.hashing import file_entries, tree_sha256
+    from gradshare.hashing import checkpoint_sha256
     run = _finished(trained_study, "powersgd")
     ckpt = T.download(run.info.run_id, "checkpoint", tmp_path)
-    assert tree_sha256(file_entries(ckpt)) == run.data.tags[T.CKPT_SHA]
+    assert checkpoint_sha256(ckpt) == run.data.tags[T.CKPT_SHA]
     assert (ckpt / "model.safetensors").exists() and (ckpt / "config.json").exists()
     assert (ckpt / "tokenizer.json").exists()
 
@@ -169,37 +178,56 @@ def test_an_arm_that_would_overlap_a_running_arm_is_refused(failing_study):
     assert other.info.run_id in run.data.tags[T.FAILURE] and run.data.tags[T.REFUSAL] == "true"
 
 
-def test_an_arm_with_too_few_devices_ends_failed_with_a_reason(mlflow_server):
+def test_an_arm_without_its_devices_is_refused_naming_what_it_needs(mlflow_server):
     study = "gpu-study-on-cpu"
-    run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1", "hardware.device": "cuda"}))
-    proc = run_entry("train", "--study", study, "--arm", "dense", check=False)
-    assert proc.returncode != 0
-    [run] = T.search(study, "train", "dense")
-    assert run.info.status == "FAILED"
-    assert "needs 2 CUDA device(s)" in run.data.tags[T.FAILURE] and "found 0" in run.data.tags[T.FAILURE]
+    prep = run_entry("prepare", "--study", study, *overrides({"model.pretrain_steps": "1", "hardware.device": "cuda"}))
+    # prepare runs anywhere, and says in one line what the arms will need
+    [note] = [line for line in prep.stdout.splitlines() if line.startswith("[gradshare] note:")]
+    assert "single 1 GPU, dense 2 GPUs, powersgd 2 GPUs" in note and "this machine has 0" in note
+    for arm, needs in (("dense", "needs 2 CUDA device(s), 2 on this host, and this host has 0"),
+                       ("single", "needs 1 CUDA device(s), 1 on this host, and this host has 0")):
+        proc = run_entry("train", "--study", study, "--arm", arm, check=False)
+        assert proc.returncode != 0
+        [run] = T.search(study, "train", arm)
+        reason = run.data.tags[T.FAILURE]
+        assert needs in reason and run.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in run.data.tags
+        # one GPU is what single needs: no word of a second host; dense may take two hosts
+        assert ("num_machines=2" in reason) == (arm == "dense"), reason
 
 
-def test_train_refuses_inputs_that_differ_from_the_manifest(mlflow_server, failing_study):
+def test_a_corrupted_input_is_refused_without_an_attempt_and_the_arm_trains_once_fixed(mlflow_server,
+                                                                                        failing_study, tmp_path):
+    """...and neither the refused step nor the one that trained leaves a temporary folder."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     # Tamper with one registered byte in the server's artifact store, then train.
     prep = T.prepare_run(failing_study)
     [path] = list(mlflow_server.artifacts.rglob(f"{prep.info.run_id}/artifacts/inputs/data/replay.jsonl"))
     original = path.read_bytes()
     path.write_bytes(original[:-2] + b" \n")
     try:
-        proc = run_entry("train", "--study", failing_study, "--arm", "single", check=False)
+        proc = run_entry("train", "--study", failing_study, "--arm", "single", check=False, env={"TMPDIR": str(tmp)})
     finally:
         path.write_bytes(original)
     assert proc.returncode != 0
-    [run] = T.search(failing_study, "train", "single", status="FAILED")
-    assert "data/replay.jsonl" in run.data.tags[T.FAILURE] and "manifest" in run.data.tags[T.FAILURE]
+    assert not list(tmp.glob("gradshare-*"))
+    [refused] = [r for r in T.search(failing_study, "train", "single") if "replay.jsonl" in r.data.tags.get(T.FAILURE, "")]
+    reason = refused.data.tags[T.FAILURE]
+    assert "data/replay.jsonl" in reason and "manifest" in reason and "no attempt used" in reason
+    assert refused.data.tags[T.REFUSAL] == "true" and T.ATTEMPT not in refused.data.tags
+    # the store's byte restored: the arm trains, as its first attempt (the plan allows one)
+    run_entry("train", "--study", failing_study, "--arm", "single", env={"TMPDIR": str(tmp)})
+    [done] = T.search(failing_study, "train", "single", status="FINISHED")
+    assert done.data.tags[T.ATTEMPT] == "1"
+    assert not list(tmp.glob("gradshare-*"))
 
 
 def test_an_arm_that_already_finished_is_not_trained_again(trained_study):
     proc = run_entry("train", "--study", trained_study, "--arm", "single", check=False)
     assert proc.returncode != 0
     assert len(T.search(trained_study, "train", "single", status="FINISHED")) == 1
-    failed = T.search(trained_study, "train", "single", status="FAILED")
-    assert "already finished" in failed[-1].data.tags[T.FAILURE]
+    refused = [r for r in T.search(trained_study, "train", "single") if r.data.tags.get(T.REFUSAL) == "true"]
+    assert "already finished" in refused[-1].data.tags[T.FAILURE]
 
 
 def test_two_host_launch_needs_a_shared_port_and_a_valid_machine_rank(prepared_study):
@@ -229,5 +257,5 @@ def test_a_local_hugging_face_seed_model_is_loaded_and_its_files_are_verified(pr
     weights.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     proc = run_entry("train", "--study", study, "--arm", "dense", check=False)
     assert proc.returncode != 0
-    [run] = T.search(study, "train", "dense", status="FAILED")
-    assert "local seed model" in run.data.tags[T.FAILURE]
+    [run] = T.search(study, "train", "dense")
+    assert "local seed model" in run.data.tags[T.FAILURE] and run.data.tags[T.REFUSAL] == "true"

@@ -307,6 +307,9 @@ def check_resume(study: str, arm: str, run_id: str) -> Resume:
         raise T.Refusal(f"resume_from={run_id}: no such run") from None
     if run.data.tags.get(T.STUDY) != study or run.data.tags.get(T.ARM) != arm:
         raise T.Refusal(f"resume_from={run_id} is not a train run of arm {arm} in study {study!r}")
+    if run.data.tags.get(T.REFUSAL) == "true":
+        raise T.Refusal(f"resume_from={run_id} was refused ({run.data.tags.get(T.FAILURE)}), not an attempt: "
+                        f"nothing to resume")
     if run.info.status not in ("FAILED", "KILLED"):
         raise T.Refusal(f"resume_from={run_id} is {run.info.status}: only a stopped (FAILED or KILLED) arm resumes")
     index = claims.append(prep.info.run_id, "resume", arm, run_id)
