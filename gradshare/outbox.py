@@ -145,10 +145,7 @@ class Outbox:
                     return
                 except Exception as exc:  # noqa: BLE001 - a lost server: kept below; anything else raised
                     self._unless_lost(exc)
-            copy = self.dir / "files" / f"{len(self._records):06d}" / local.name
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            (shutil.copytree if local.is_dir() else shutil.copy2)(local, copy)
-            self._append(rec | {"local": str(copy)})
+            self._append(rec | {"local": str(self._copy_beside(local))})
         self._kick()
 
     def keep(self, local: str | Path, artifact_path: str) -> Exception | None:
@@ -162,15 +159,12 @@ class Outbox:
         local = Path(local)
         safe_artifact_path(artifact_path)
         if not local.resolve().is_relative_to(self.dir.resolve()):
-            copy = self.dir / "files" / f"{len(self._records):06d}" / local.name
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            (shutil.copytree if local.is_dir() else shutil.copy2)(local, copy)
-            local = copy
+            local = self._copy_beside(local)
         self._append({"kind": "artifacts", "local": str(local), "artifact_path": artifact_path})
         try:
             self.deliver(force=True)
         except Exception as exc:  # noqa: BLE001 - the store's own answer: the caller says it
-            self._hold = True
+            self.hold()
             return exc
         return None
 
@@ -180,9 +174,9 @@ class Outbox:
         self._hold = True
 
     def end(self, status: str, tags: dict | None = None) -> None:
-        """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED). Where
-        the journal already ends with the run's end (the arm's worker recorded it, and its
-        records wait for the store), that end stands: nothing is added after it."""
+        """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED). Where an
+        end already waits in the journal (the arm's worker recorded it, and its records wait for
+        the store), that end stands: no second one is added."""
         if any(r["kind"] == "end" for r in self._records[self._delivered():]):
             return
         self._add({"kind": "end", "status": status, "tags": {k: str(v) for k, v in (tags or {}).items()},
@@ -263,6 +257,13 @@ class Outbox:
             self._thread = None
 
     # -- inside -------------------------------------------------------------------------------
+    def _copy_beside(self, local: Path) -> Path:
+        """A copy of `local` (file or directory) beside the journal, for a record that waits."""
+        copy = self.dir / "files" / f"{len(self._records):06d}" / local.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if local.is_dir() else shutil.copy2)(local, copy)
+        return copy
+
     def _add(self, rec: dict) -> None:
         self._append(rec)
         self._kick()

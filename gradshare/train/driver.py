@@ -177,7 +177,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         reason, details = failures.explain(workdir, arm, rc)
         if run_id:
             _keep_text(plan, run_id, details, "failure/details.txt")
-            if not reason.startswith(failures.OWN_WORDS[:3]):  # those say where the arm was already
+            if not reason.startswith(failures.SAYS_WHERE):
                 reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
         print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
               file=sys.stderr, flush=True)

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOG = "workers.log"
-# reasons the driver passes on as they are: they already say what stopped the arm and where
-OWN_WORDS = ("deadline:", "budget:", "tracking:", "the artifact store refused", "replicas disagree", "diverged", "out of device memory",
-             "stopped by the user")
+# reasons that already say after which update the arm stopped
+SAYS_WHERE = ("deadline:", "budget:", "tracking:")
+# reasons the driver passes on as they are: they already say what stopped the arm
+OWN_WORDS = SAYS_WHERE + ("the artifact store refused", "replicas disagree", "diverged", "out of device memory",
+                          "stopped by the user")
 
 
 @dataclass(frozen=True)
