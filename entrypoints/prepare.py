@@ -29,7 +29,8 @@ def main(argv=None) -> None:
         archived = P.archive_existing_study(args.study)
         if archived:
             print(f"[gradshare] previous study archived as experiment {archived!r}")
-    with T.study_run(args.study, "prepare", run_name="prepare") as run:
+    # prepare is the step that makes a study: after an archive the name is free again
+    with T.study_run(args.study, "prepare", run_name="prepare", create=True) as run:
         existing = [r for r in T.search(args.study, "prepare", status="FINISHED") if r.info.run_id != run.info.run_id]
         if existing:
             raise T.StudyError(

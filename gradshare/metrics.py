@@ -59,7 +59,7 @@ LOGICAL_BYTES_TOTAL = "comm/logical_bytes_total"
 LOGICAL_BYTES_POST_WARMUP = "comm/logical_bytes_post_warmup"
 FINAL_LOSS = "train/final_loss"
 WORLD_SIZE = "train/world_size"  # processes
-REPLICA_TENSORS = "replicas/tensors_checked"  # every rank's weights equal to rank 0's, tensor by tensor
+REPLICA_TENSORS = "train/replica_tensors_checked"  # every rank's weights equal to rank 0's, tensor by tensor
 
 # An arm's phases, in seconds (rank 0): what the limits read instead of declared start-up figures.
 PHASES = ("launch", "setup", "first_update", "updates", "replica_check", "checkpoint_write", "checkpoint_upload")
