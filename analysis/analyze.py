@@ -15,6 +15,12 @@ from analysis.collect import collect
 from analysis.preconditions import screen_word
 from analysis.report import markdown, plots, to_html, verdict_table
 from analysis.verdicts import compute, verdict_metrics
+from gradshare.contract.metrics import paired_metrics
+from gradshare.contract.tags import PLAN_SHA, screen_tag
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
@@ -36,13 +42,11 @@ def log_analysis(v: dict, out: Path) -> None:
     needs is missing) and the figures behind them as metrics (`verdict/...`, `cost/<arm>/...`)."""
     import mlflow
 
-    from gradshare import tracking as T
-    from gradshare.metrics import paired_metrics
 
-    mlflow.set_tag(T.PLAN_SHA, v["plan_sha256"])
+    mlflow.set_tag(PLAN_SHA, v["plan_sha256"])
     mlflow.log_artifacts(str(out))
     words = {name: screen_word(v[name]) for name in ("quality_screen", "speed_screen")}
-    mlflow.set_tags({f"gradshare.{name}": word for name, word in words.items()})
+    mlflow.set_tags({screen_tag(name): word for name, word in words.items()})
     mlflow.log_params(words)
     mlflow.log_metrics(paired_metrics(v) | verdict_metrics(v))
 

@@ -12,9 +12,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gradshare import metrics as M
-from gradshare import tracking as T
-from gradshare.hashing import read_jsonl
+from gradshare.contract import metrics as M
+from gradshare.contract.errors import StudyError
+from gradshare.contract.tags import ARM, FAILURE, REFUSAL
+from gradshare.tracking import connection, store, study_runs
+from gradshare.util.jsonio import read_jsonl
 
 STEP_METRICS = (M.TRAIN_LOSS, M.STEP_S, M.TOKENS_PER_S, M.LOGICAL_BYTES, M.WIRE_TX_BYTES, M.WIRE_RX_BYTES,
                 M.LOOPBACK_BYTES)
@@ -45,14 +47,12 @@ class StudyRecord:
 
 
 def collect(study: str) -> StudyRecord:
-    from gradshare import store
-
     prep, plan = store.prepared_plan(study)
     try:
         _, commitment = store.commitment(study)
-    except T.StudyError:
+    except StudyError:
         commitment = None
-    c = T.client()
+    c = connection.client()
     tmp = Path(tempfile.mkdtemp(prefix="gradshare-analysis-"))
     arms = {}
     committed = {e["arm"]: e for e in (commitment or {}).get("arms", [])}
@@ -67,22 +67,22 @@ def collect(study: str) -> StudyRecord:
         if entry["status"] == "FINISHED":
             rec.histories = {k: sorted((m.step, m.value) for m in c.get_metric_history(entry["run_id"], k))
                              for k in STEP_METRICS}
-            summary = json.loads(T.download(entry["run_id"], "train_summary.json", tmp / arm).read_text())
+            summary = json.loads(study_runs.download(entry["run_id"], "train_summary.json", tmp / arm).read_text())
             rec.hosts = summary["hosts"]
         arms[arm] = rec
     scores = {}
-    parents = [r.info.run_id for r in T.finished_score_steps(study)]
+    parents = [r.info.run_id for r in study_runs.finished_score_steps(study)]
     if commitment and parents:
-        for run in T.search(study, "score", status="FINISHED"):
-            model = run.data.tags.get(T.ARM)
+        for run in study_runs.search(study, "score", status="FINISHED"):
+            model = run.data.tags.get(ARM)
             # only the scores of the one finished score step, never a failed attempt's
             if model is None or model in scores or run.data.tags.get("mlflow.parentRunId") != parents[0]:
                 continue
             d = tmp / f"score-{model}"
             scores[model] = {
                 "run_id": run.info.run_id, "metrics": dict(run.data.metrics),
-                "test": read_jsonl(T.download(run.info.run_id, "per_case/test.jsonl", d)),
-                "retention": read_jsonl(T.download(run.info.run_id, "per_case/retention.jsonl", d))}
+                "test": read_jsonl(study_runs.download(run.info.run_id, "per_case/test.jsonl", d)),
+                "retention": read_jsonl(study_runs.download(run.info.run_id, "per_case/retention.jsonl", d))}
     return StudyRecord(study, plan, prep.info.run_id, commitment, arms, scores)
 
 
@@ -97,14 +97,14 @@ def attempts_of(entry: dict) -> list[dict]:
 
 def _arm_without_commitment(study: str, arm: str) -> ArmRecord:
     # A refused start did nothing and is no attempt: it never stands for the arm.
-    runs = [r for r in T.search(study, "train", arm) if r.data.tags.get(T.REFUSAL) != "true"]
+    runs = [r for r in study_runs.search(study, "train", arm) if r.data.tags.get(REFUSAL) != "true"]
     if not runs:
         return ArmRecord(arm, "UNAVAILABLE", failure_reason="never trained, and the study is not committed")
     last = runs[-1]
     rec = ArmRecord(arm, "UNAVAILABLE" if last.info.status != "FAILED" else "FAILED", last.info.run_id,
-                    last.data.tags.get(T.FAILURE) or "the study is not committed: no verdict is possible",
+                    last.data.tags.get(FAILURE) or "the study is not committed: no verdict is possible",
                     dict(last.data.metrics))
     # Uncommitted: no sealed list of attempts, only the run this record describes.
     rec.attempts = [{"attempt": None, "run_id": last.info.run_id, "status": last.info.status,
-                     "failure_reason": last.data.tags.get(T.FAILURE)}]
+                     "failure_reason": last.data.tags.get(FAILURE)}]
     return rec

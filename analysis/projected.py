@@ -1,6 +1,6 @@
-"""The report's projection: the study's hosts (`gradshare.projection`: the prepared workload, the
+"""The report's projection: the study's hosts (`gradshare.cost.projection`: the prepared workload, the
 H200's measured cost parts scaled to the plan's GPU, the plan's link), and the arms of the machine
-the study ran on re-projected to other link rates from their own runs (`gradshare.measured_link`).
+the study ran on re-projected to other link rates from their own runs (`gradshare.cost.link`).
 
 One figure per quantity: the measured machine's table shows each arm's speed ratio as the verdict
 computes it (active tokens/s over single's), beside the model's, which is built on median
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
-from gradshare import measured_link as ML
-from gradshare import metrics as M
-from gradshare import projection as P
-from gradshare import tracking as T
+from gradshare.contract import metrics as M
+from gradshare.cost import link as ML
+from gradshare.cost import projection as P
+from gradshare.tracking import connection
 
 MEASURED_RATE_FACTORS = (0.5, 1, 2)  # the measured machine at these multiples of its link
 
@@ -26,7 +26,7 @@ def _clean(rows: list[dict]) -> list[dict]:
 
 
 def compute(rec) -> dict:
-    prep = T.client().get_run(rec.prepare_run_id)
+    prep = connection.client().get_run(rec.prepare_run_id)
     hosts = P.for_plan(rec.plan, prep, log=lambda *a: None)
     hosts["rows"] = _clean(hosts["rows"])
     return {"study_hosts": hosts, "measured": _measured(rec)}

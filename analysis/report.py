@@ -15,8 +15,12 @@ from pathlib import Path
 
 from analysis.collect import StudyRecord
 from analysis.preconditions import screen_word
-from gradshare import metrics as M
-from gradshare import projection as P
+from gradshare.contract import metrics as M
+from gradshare.cost import projection as P
+
+# Lazy imports: markdown, matplotlib inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def _fmt(x, spec=".3f", none="—"):
@@ -295,8 +299,8 @@ def _rate(mbit) -> str:
 
 
 def _projection(p: dict, v: dict) -> list[str]:
-    """The study's hosts projected (`gradshare.projection`), and this study's machine at other link
-    rates from its own runs (`gradshare.measured_link`)."""
+    """The study's hosts projected (`gradshare.cost.projection`), and this study's machine at other link
+    rates from its own runs (`gradshare.cost.link`)."""
     if not p:
         return []
     md = ["## Projection (`gradshare project`)", ""]

@@ -9,11 +9,17 @@ screens, which the plan declares in pp.
 """
 from __future__ import annotations
 
+from analysis import projected
 from analysis.collect import StudyRecord
 from analysis.preconditions import Precondition, preconditions
-from analysis.stats import accuracy_by_family, mcnemar_exact_p, paired_change, retention_change
-from gradshare import metrics as M
-from gradshare.cost import arm_cost, cost_words, study_budget
+from analysis.stats import (
+    accuracy_by_family,
+    mcnemar_exact_p,
+    paired_change,
+    retention_change,
+)
+from gradshare.contract import metrics as M
+from gradshare.cost.accounting import arm_cost, cost_words, study_budget
 
 
 def pairs(plan) -> list[tuple[str, str]]:
@@ -93,7 +99,6 @@ def after_warmup(a, warmup: int) -> dict:
 
 def _projection(rec: StudyRecord) -> dict:
     """The report's projection; a failure to project is a line in the report, never a lost analysis."""
-    from analysis import projected
 
     try:
         return projected.compute(rec)

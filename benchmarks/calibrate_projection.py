@@ -1,12 +1,12 @@
-"""Fit the projection's per-update cost parts (`gradshare.gpu_cost`) to one GPU benchmark call.
+"""Fit the projection's per-update cost parts (`gradshare.cost.gpu_cost`) to one GPU benchmark call.
 
     python benchmarks/calibrate_projection.py benchmarks/results/2026-12-04-h200-a8e8d35-gpu_path.json \\
-        --memory-gbps 4300 --memory-source "..." --out gradshare/calibration/gpu_cost_h200.json
+        --memory-gbps 4300 --memory-source "..." --out gradshare/cost/calibration/gpu_cost_h200.json
 
 From the call's result file and its profile of the single arm's last update (on the study's
 documents): b, one micro-batch's gradient additions, and c, the clip, AdamW and zeroing, are
 the profiled update's own kernels; each update's padded tokens and micro-batches come from
-rebuilding the call's workloads and laying them out as the loop does (`gradshare.workload`).
+rebuilding the call's workloads and laying them out as the loop does (`gradshare.inputs.workload`).
 Then a (seconds per padded token), dense's extra and PowerSGD's compression are fitted on one
 workload's medians (updates 4..N-1) and every arm is predicted on the other; both directions
 are printed, and the fit on the study's documents is written with its checks and provenance.
@@ -53,7 +53,7 @@ def memory_bound_parts(profile: str, micro_batches: int) -> tuple[float, float]:
 
 def workload_figures(workload: str, workdir: Path, updates: int) -> list[dict]:
     """Per update of the benchmark's schedule: padded tokens and micro-batches of one rank at world 1."""
-    from gradshare.workload import describe
+    from gradshare.inputs.workload import describe
 
     workloads.build(workload, workdir, log=lambda *a: None)
     docs, tokenizer, schedule = workloads.load(workload, workdir, updates)
@@ -95,9 +95,9 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", default="/tmp/gradshare-calibrate")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    from gradshare.gpu_cost import Calibration, GpuRates
-    from gradshare.model import parameter_shapes
-    from gradshare.plan import load_plan
+    from gradshare.cost.gpu_cost import Calibration, GpuRates
+    from gradshare.model.lm import parameter_shapes
+    from gradshare.contract.plan import load_plan
 
     path = Path(args.result)
     data = json.loads(path.read_text())

@@ -32,10 +32,10 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     import torch
 
     from benchmarks import workloads as W
-    from gradshare.model import build_model, model_config
-    from gradshare.sources import set_determinism
+    from gradshare.model.lm import build_model, model_config
+    from gradshare.util.sources import set_determinism
     from gradshare.train import fullstate
-    from gradshare.train.loop import FullState, train
+    from gradshare.train.loop import FullStatePolicy, train
 
     extra = {"hardware.compile": "false",  # what is measured is the state, not the update speed
              "hardware.deterministic": "true"}  # so that "resumed = straight" can be asked bit for bit
@@ -53,7 +53,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     model = build_model(cfg, plan.study.seed, device)
     params = sum(p.numel() for p in model.parameters())  # tied embeddings once
     train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet,
-          full_state=FullState(every=SAVE_AFTER, root=root, on_saved=on_saved))
+          full_state=FullStatePolicy(every=SAVE_AFTER, root=root, on_saved=on_saved))
     straight = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     del model
     _release(device.type == "cuda")
@@ -61,7 +61,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     state = fullstate.load(saved["path"], 1)
     load_s = time.perf_counter() - t0
     model = build_model(cfg, plan.study.seed, device)
-    train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet, full_state=FullState(resume=state))
+    train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet, full_state=FullStatePolicy(resume=state))
     resumed = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     worst = max((straight[k] - resumed[k]).abs().max().item() for k in straight)
     control = None

@@ -34,7 +34,7 @@ from benchmarks import workloads  # noqa: E402
 BY_COUNT = {"schedule.micro_batch_tokens": "0", "hardware.cuda_graphs": "false"}  # the landed loop
 # --smoke: the same configurations on a CPU, with the tiny model and the full profile's levers
 # that a CPU has (packing, static steps, bucket views, the fast hook): the harness checked
-# before a GPU call is spent on it (tests/test_gpu_path_smoke.py).
+# before a GPU call is spent on it (tests/e2e/test_gpu_path_smoke.py).
 SMOKE = {"schedule.micro_batch_tokens": "2048", "hardware.cuda_graphs": "true", "hardware.loss_chunk_tokens": "2048",
          "hardware.gradient_as_bucket_view": "true", "powersgd.hook": "fast", "powersgd.bucket_cap_mb": "1",
          "hardware.threads_per_process": "0"}
@@ -75,7 +75,7 @@ def _plan(extra: dict, smoke: bool):
 
 
 def _model(plan, tokenizer, device):
-    from gradshare.model import build_model, model_config
+    from gradshare.model.lm import build_model, model_config
 
     vocab = len(tokenizer) if plan.model.config == "tiny_qwen3.json" else None
     return build_model(model_config(plan.model.config, vocab), plan.study.seed, device)
@@ -126,8 +126,8 @@ class Profiled:
 
 def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | None, smoke: bool = False) -> dict:
     """`gradshare.train.loop.train`, unchanged, for one configuration."""
-    from gradshare import metrics as M
-    from gradshare.sources import set_determinism
+    from gradshare.contract import metrics as M
+    from gradshare.util.sources import set_determinism
     from gradshare.train.loop import train
     from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 
@@ -170,7 +170,7 @@ def bench_reference(name: str, workdir: Path, updates: int, device, smoke: bool 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gradshare.data.documents import encode
-    from gradshare.model import collate, token_losses
+    from gradshare.model.lm import collate, token_losses
 
     workload, arm, _ = CONFIGS[name]
     plan = _plan({}, smoke)
@@ -232,7 +232,7 @@ def matmul_tflops(device) -> float:
 
 def device_copy_gbps(device, gib: int = 4) -> float:
     """Device memory bandwidth, GB/s, counting bytes read and written: a large device-to-device copy
-    (the rate the projection scales memory-bound work by, `gradshare.gpu_cost`)."""
+    (the rate the projection scales memory-bound work by, `gradshare.cost.gpu_cost`)."""
     import torch
 
     n = gib * 2**30 // 4

@@ -216,8 +216,7 @@ def markdown(data: dict) -> str:
 def log_to_mlflow(path: Path, experiment: str) -> str:
     import mlflow
 
-    from gradshare import metrics as M
-
+    from gradshare.contract import metrics as M
     data = json.loads(path.read_text())
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=f"gpu-path-{data['env']['device']}") as run:

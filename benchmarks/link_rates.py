@@ -1,5 +1,5 @@
 """Benchmark: the tiny arms over loopback and across two emulated hosts at three link rates,
-with the projection of this machine (`gradshare.measured_link`) beside each measurement.
+with the projection of this machine (`gradshare.cost.link`) beside each measurement.
 
     sudo python benchmarks/link_rates.py --out link_rates.json          # ~15 min on 2 cores
     python benchmarks/link_rates.py --refit link_rates.json --fit-rate 11   # re-project a saved result
@@ -13,7 +13,7 @@ directory (a file both namespaces see):
   - loopback: single, dense and powersgd with both ranks on one host; these give the
     projection its inputs: one device's update (single), each arm's own seconds beyond
     compute (no link at all) and its logical bytes per update;
-  - at each rate: dense and powersgd across two emulated hosts (`gradshare.emulated`), the
+  - at each rate: dense and powersgd across two emulated hosts (`gradshare.steps.emulated`), the
     rate shaped with tc tbf in each direction.
 The projection's c1, x(arm) and B(arm) come from the loopback study; each arm's link efficiency
 e(arm) (how much of the shaped rate TCP gives its all-reduce) from its run at the fit rate, the
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from gradshare.tracking import connection
+from gradshare.tracking import study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -65,11 +67,9 @@ def _train_loopback(study: str, arm: str) -> None:
 
 
 def _arm_figures(study: str, arm: str, skip: int) -> dict:
-    from gradshare import metrics as M
-    from gradshare import tracking as T
-
-    [run] = T.search(study, "train", arm, status="FINISHED")
-    m, c = run.data.metrics, T.client()
+    from gradshare.contract import metrics as M
+    [run] = study_runs.search(study, "train", arm, status="FINISHED")
+    m, c = run.data.metrics, connection.client()
     step_s = [(h.step, h.value) for h in c.get_metric_history(run.info.run_id, M.STEP_S)]
     post = [v for s, v in step_s if s > skip]
     out = {"run_id": run.info.run_id, "link_rate_mbit": run.data.params.get("link_rate_mbit"),
@@ -86,10 +86,10 @@ def _arm_figures(study: str, arm: str, skip: int) -> dict:
 
 
 def run(args) -> dict:
-    from gradshare import netns
-    from gradshare import measured_link as P
-    from gradshare.emulated import run_arm_across
-    from gradshare.plan import load_plan
+    from gradshare.hosts import netns
+    from gradshare.cost import link as P
+    from gradshare.steps.emulated import run_arm_across
+    from gradshare.contract.plan import load_plan
 
     reason = netns.unavailable()
     if reason:
@@ -127,9 +127,9 @@ def run(args) -> dict:
 def project(data: dict, fit_rate: float) -> dict:
     """`data` with the projection of this machine beside each measurement: c1, x(arm) and B(arm)
     from the loopback runs; each arm's link efficiency e(arm) fitted on its run at `fit_rate`; every
-    other rate is then a prediction the runs at that rate never fed (`gradshare.measured_link`)."""
-    from gradshare import measured_link as P
-    from gradshare.plan import load_plan
+    other rate is then a prediction the runs at that rate never fed (`gradshare.cost.link`)."""
+    from gradshare.cost import link as P
+    from gradshare.contract.plan import load_plan
 
     plan = load_plan("tiny", data["overrides"])
     loopback = P.from_measurements(plan, data["links"]["loopback"], "this machine, from its loopback runs")

@@ -30,6 +30,9 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from gradshare.contract.tags import ARM, FAILURE, REFUSAL
+from gradshare.tracking import connection
+from gradshare.tracking import study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -93,19 +96,17 @@ def _env() -> dict:
 
 def _from_store() -> dict:
     """Each arm's outcome, phases and peaks; each scored model's seconds; the report's path."""
-    from gradshare import metrics as M
-    from gradshare import tracking as T
-
+    from gradshare.contract import metrics as M
     arms = {}
     for arm in ARMS:
-        runs = [r for r in T.search(STUDY, "train", arm) if r.data.tags.get(T.REFUSAL) != "true"]
+        runs = [r for r in study_runs.search(STUDY, "train", arm) if r.data.tags.get(REFUSAL) != "true"]
         if not runs:
             arms[arm] = {"status": "not run"}
             continue
         r = runs[-1]
         m = r.data.metrics
-        steps = [x.value for x in T.client().get_metric_history(r.info.run_id, M.STEP_S)]
-        arms[arm] = {"status": r.info.status, "reason": r.data.tags.get(T.FAILURE),
+        steps = [x.value for x in connection.client().get_metric_history(r.info.run_id, M.STEP_S)]
+        arms[arm] = {"status": r.info.status, "reason": r.data.tags.get(FAILURE),
                      "phases_s": {p: m.get(M.phase_s(p)) for p in M.PHASES},
                      "wall_s": m.get(M.WALL_S), "median_step_s": sorted(steps)[len(steps) // 2] if steps else None,
                      "updates": len(steps), "ckpt_bytes": m.get(M.CKPT_BYTES),
@@ -113,10 +114,10 @@ def _from_store() -> dict:
                                    for rank in range(2) if M.peak_reserved_gib(rank) in m},
                      "replica_tensors": m.get(M.REPLICA_TENSORS)}
     scored = {}
-    for r in T.search(STUDY, "score"):
-        if T.ARM in r.data.tags:
+    for r in study_runs.search(STUDY, "score"):
+        if ARM in r.data.tags:
             m = r.data.metrics
-            scored[r.data.tags[T.ARM]] = {k: m.get(v) for k, v in (("load_s", M.SCORE_LOAD_S),
+            scored[r.data.tags[ARM]] = {k: m.get(v) for k, v in (("load_s", M.SCORE_LOAD_S),
                                                                    ("test_s", M.SCORE_TEST_S),
                                                                    ("retention_s", M.SCORE_RETENTION_S))}
     return {"arms": arms, "scored": scored}

@@ -1,7 +1,7 @@
 """The documents a GPU benchmark trains on: the study's own, or the 512-token stand-ins.
 
 - `study` (the default): the full profile's prepared inputs, built in-process by prepare's own
-  code (`gradshare.prepare.build_inputs`: tasks, conversations, tokenizer, schedule; no model,
+  code (`gradshare.inputs.build.build_inputs`: tasks, conversations, tokenizer, schedule; no model,
   no MLflow), of which a benchmark takes the first N updates. A median of ~3,400 input tokens
   per update: ~30-token tasks and conversations of up to 512 tokens.
 - `stand-in-512`: 32 synthetic documents per update that each fill 512 tokens (16,384 tokens),
@@ -45,20 +45,20 @@ def schedule_for(tokenizer, docs: dict, updates: int, seed: int, max_tokens: int
 def build(workload: str, workdir: Path, log=print) -> Path:
     """Write the workload's inputs under `workdir/<workload>` once (every configuration's process
     reads them): the study's via prepare's own code, the stand-ins with a BPE trained on them."""
-    from gradshare.plan import load_plan
+    from gradshare.contract.plan import load_plan
 
     out = Path(workdir) / workload
     if (out / "schedule.json").exists():
         return out
     if workload == "study":
-        from gradshare.prepare import build_inputs
+        from gradshare.inputs.build import build_inputs
 
         build_inputs(load_plan("full"), out, log=log)
         return out
     if workload != "stand-in-512":
         raise ValueError(f"unknown workload {workload!r}: one of {WORKLOADS}")
     from gradshare.data.tokenizer import load_tokenizer, train_bpe
-    from gradshare.hashing import write_json, write_jsonl
+    from gradshare.util.jsonio import write_json, write_jsonl
 
     updates = 16
     docs = stand_in_documents(updates * DOCS_PER_UPDATE, 7)
@@ -72,7 +72,7 @@ def build(workload: str, workdir: Path, log=print) -> Path:
 def load(workload: str, workdir: Path, updates: int):
     """(documents by id, tokenizer, the schedule's first `updates` updates) of a built workload."""
     from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.hashing import read_jsonl
+    from gradshare.util.jsonio import read_jsonl
 
     root = Path(workdir) / workload
     docs = {}
@@ -95,7 +95,7 @@ def bench_plan(profile: str, extra: dict, updates: int | None = None):
     compressing from the third exchange. `updates`: a schedule of that many updates of 32
     documents (the plan's data sizes made to fit it); None: the profile's own. On a CPU the
     GPU-only levers are dropped."""
-    from gradshare.plan import load_plan
+    from gradshare.contract.plan import load_plan
 
     over = {"arms.dense_processes": "1", "arms.powersgd_processes": "1", "powersgd.warmup_updates": str(WARMUP),
             "data.max_doc_tokens": str(DOC_TOKENS)}

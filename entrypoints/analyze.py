@@ -7,17 +7,16 @@ prints the verdict table.
 """
 from __future__ import annotations
 
+from analysis.analyze import run
 from entrypoints.common import parse, study_parser
+from gradshare.tracking import study_runs
 
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
-    from analysis.analyze import run
-    from gradshare import tracking as T
-
-    with T.study_run(args.study, "analyze", run_name="analyze"):
+    with study_runs.study_run(args.study, "analyze", run_name="analyze"):
         run(args.study)
 
 

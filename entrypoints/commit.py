@@ -8,16 +8,16 @@ time) and tags the study committed. Committing twice refuses.
 from __future__ import annotations
 
 from entrypoints.common import parse, study_parser
+from gradshare.steps.commit import commit_study
+from gradshare.tracking import study_runs
 
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
-    from gradshare import tracking as T
-    from gradshare.commit import commit_study
 
-    with T.study_run(args.study, "commit", run_name="commit") as run:
+    with study_runs.study_run(args.study, "commit", run_name="commit") as run:
         c = commit_study(args.study, run.info.run_id)
         for e in c["arms"]:
             what = e.get("checkpoint_sha256", "")[:16] + "…" if e["status"] == "FINISHED" else e["failure_reason"]

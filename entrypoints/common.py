@@ -10,6 +10,12 @@ import os
 import sys
 from pathlib import Path
 
+from gradshare.contract.errors import StudyError
+from gradshare.contract.tags import FAILURE, REFUSAL
+from gradshare.tracking import connection
+from gradshare.tracking.connection import check_study_name
+from gradshare.util.scratch import use_scratch
+
 
 class StepParser(argparse.ArgumentParser):
     """argparse that, before it exits on a bad parameter, records why on the run a launcher
@@ -21,13 +27,11 @@ class StepParser(argparse.ArgumentParser):
         run_id = os.environ.get("MLFLOW_RUN_ID")
         if run_id:
             try:
-                from gradshare import tracking as T
-
-                tags = {T.FAILURE: f"bad parameter: {message}", T.REFUSAL: "true",
+                tags = {FAILURE: f"bad parameter: {message}", REFUSAL: "true",
                         "mlflow.runName": f"refused-{Path(self.prog).stem}"}
                 for key, value in tags.items():
-                    T.client().set_tag(run_id, key, value)
-                T.client().set_terminated(run_id, "KILLED")
+                    connection.client().set_tag(run_id, key, value)
+                connection.client().set_terminated(run_id, "KILLED")
             except Exception as exc:  # the parameter error is what the user must see
                 print(f"[gradshare] could not record the refusal on run {run_id}: {exc}", file=sys.stderr)
         super().error(message)
@@ -48,11 +52,9 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
           ) -> tuple[argparse.Namespace, dict[str, str]]:
     """Known flags, and the rest as plan overrides (refused where the plan is already fixed)."""
     args, rest = parser.parse_known_args(argv)
-    from gradshare.scratch import use_scratch
 
     use_scratch(Path(parser.prog).stem)  # the step's temporary files, removed when it ends
     if getattr(args, "study", None) is not None:
-        from gradshare.tracking import StudyError, check_study_name
 
         try:
             check_study_name(args.study)

@@ -3,54 +3,63 @@
     mlflow run . -e prepare --env-manager local --experiment-name gradshare-tiny -P study=gradshare-tiny
     python -m entrypoints.prepare --study gradshare-tiny [--profile full] [--schedule.updates 8 ...]
 
-Any plan field can be overridden as `-P concern.field=value` (see gradshare/plan.py).
+Any plan field can be overridden as `-P concern.field=value` (see gradshare/contract/plan.py).
 A second prepare of the same study refuses; `-P new_study=true` archives the old
 study's experiment (renamed, nothing deleted) and starts a new one. A `model.source` no
-step could load (`gradshare.model.check_model_source`) is refused before any run.
+step could load (`gradshare.model.lm.check_model_source`) is refused before any run.
 """
 from __future__ import annotations
 
 import shutil
+import time
 
 from entrypoints.common import parse, study_parser, truthy
+from gradshare.contract.errors import StudyError
+from gradshare.contract.plan import PlanError, load_plan
+from gradshare.contract.tags import DEVICE_NOTE, PLAN_SHA, PRICE_WARNING
+from gradshare.cost.limits import START_PARAM
+from gradshare.cost.prices import refreshed_price
+from gradshare.inputs.build import build_inputs
+from gradshare.model.lm import check_model_source
+from gradshare.steps import prepare as P
+from gradshare.tracking import study_runs
+
+# Lazy imports: mlflow, torch inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__, makes_plan=True)
     args, overrides = parse(ap, argv)
 
-    from gradshare import prepare as P
-    from gradshare import tracking as T
-    from gradshare.plan import load_plan
 
     _refuse_before_any_run(ap, args, overrides)
-    T.setup(args.study)
+    study_runs.setup(args.study)
     if truthy(args.new_study):
         archived = P.archive_existing_study(args.study)
         if archived:
             print(f"[gradshare] previous study archived as experiment {archived!r}")
     # prepare is the step that makes a study: after an archive the name is free again
-    with T.study_run(args.study, "prepare", run_name="prepare", create=True) as run:
-        existing = [r for r in T.search(args.study, "prepare", status="FINISHED") if r.info.run_id != run.info.run_id]
+    with study_runs.study_run(args.study, "prepare", run_name="prepare", create=True) as run:
+        existing = [r for r in study_runs.search(args.study, "prepare", status="FINISHED") if r.info.run_id != run.info.run_id]
         if existing:
-            raise T.StudyError(
+            raise StudyError(
                 f"study {args.study!r} is already prepared (run {existing[0].info.run_id}); its inputs are "
                 f"pre-registered and are not regenerated. Start a new study with -P new_study=true "
                 f"(archives this one) or choose another -P study=NAME")
-        import time
 
         import mlflow
 
-        from gradshare.limits import START_PARAM
 
         # the study's clock (deadline, budget) starts here
         mlflow.log_param(START_PARAM, f"{time.time():.3f}")
         plan = load_plan(args.profile, overrides)
         plan = _priced(plan, overrides)
-        mlflow.set_tag(T.PLAN_SHA, plan.sha256())
+        mlflow.set_tag(PLAN_SHA, plan.sha256())
         inputs = P.scratch_dir()
         try:
-            manifest = P.build_inputs(plan, inputs)
+            manifest = build_inputs(plan, inputs)
             P.log_prepare_run(plan, inputs, manifest)
         finally:
             shutil.rmtree(inputs, ignore_errors=True)
@@ -58,7 +67,7 @@ def main(argv=None) -> None:
               f"run {run.info.run_id}")
         if note := device_note(plan):
             print(note, flush=True)
-            mlflow.set_tag("gradshare.device_note", note)
+            mlflow.set_tag(DEVICE_NOTE, note)
 
 
 def device_note(plan) -> str | None:
@@ -83,8 +92,6 @@ def _refuse_before_any_run(ap, args, overrides: dict) -> None:
     `mlflow run` plugin refuses it), and so is an impossible plan where --new-study would
     otherwise archive the study it replaces for nothing. Without --new-study an impossible
     plan fails its prepare run, with the reason, as ever."""
-    from gradshare.model import check_model_source
-    from gradshare.plan import PlanError, load_plan
 
     try:
         plan = load_plan(args.profile, overrides)
@@ -106,13 +113,11 @@ def _priced(plan, overrides: dict):
     if not plan.infra.refresh_prices:
         mlflow.log_param("price_source", "declared in the plan")
         return plan
-    from gradshare.plan import load_plan
-    from gradshare.prices import refreshed_price
 
     usd, date, warning = refreshed_price(plan)
     if warning:
         print(f"[gradshare] warning: {warning}", flush=True)
-        mlflow.set_tag("gradshare.price_warning", warning)
+        mlflow.set_tag(PRICE_WARNING, warning)
         mlflow.log_param("price_source", "declared in the plan (the Price List API did not answer)")
         return plan
     mlflow.log_param("price_source", f"AWS Price List API, {date}")

@@ -9,16 +9,16 @@ and per_case/retention.jsonl.
 from __future__ import annotations
 
 from entrypoints.common import parse, study_parser
+from gradshare.steps.score import score_study
+from gradshare.tracking import study_runs
 
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
-    from gradshare import tracking as T
-    from gradshare.score_step import score_study
 
-    with T.study_run(args.study, "score", run_name="score") as run:
+    with study_runs.study_run(args.study, "score", run_name="score") as run:
         score_study(args.study, run)
 
 

@@ -9,7 +9,7 @@ MLflow UI on the study. `--hosts` (`-P hosts=`): `auto` (default) runs the two-p
 arms across two emulated hosts joined by the plan's shaped link where this machine
 allows it (root, `ip`, `tc`) and over loopback otherwise, saying so; `emulated` refuses
 instead of falling back; `loopback` never emulates. An impossible plan or a model no step
-could load (`gradshare.model.check_model_source`) is refused before anything is stored.
+could load (`gradshare.model.lm.check_model_source`) is refused before anything is stored.
 """
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ import os
 import time
 
 from entrypoints.common import parse, study_parser, truthy
+from gradshare.contract.plan import PlanError, load_plan
+from gradshare.contract.tags import FAILURE, PLAN_SHA, STEP, STUDY
+from gradshare.model.lm import check_model_source
+from gradshare.steps.study import run_study, ui_hint
+from gradshare.tracking import connection, study_runs
+from gradshare.tracking.orphans import process_tags
 
 
 def main(argv=None) -> None:
@@ -25,29 +31,24 @@ def main(argv=None) -> None:
                     help="where the two-process arms run (default auto)")
     args, overrides = parse(ap, argv)
 
-    from gradshare import tracking as T
-    from gradshare.model import check_model_source
-    from gradshare.plan import PlanError, load_plan
-    from gradshare.study import run_study, ui_hint
 
     try:  # before anything is stored or an earlier study archived: a plan or model that cannot run
         plan = load_plan(args.profile, overrides)
         check_model_source(plan)
     except PlanError as exc:
         ap.error(" ".join(str(exc).split()))
-    T.setup(args.study)
+    study_runs.setup(args.study)
     launcher = os.environ.get("MLFLOW_RUN_ID")  # the run `mlflow run -e study` made: label it
-    tag = (lambda k, v: T.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
-    tag(T.STUDY, args.study)
-    tag(T.STEP, "study")
+    tag = (lambda k, v: connection.client().set_tag(launcher, k, v)) if launcher else (lambda k, v: None)
+    tag(STUDY, args.study)
+    tag(STEP, "study")
     tag("mlflow.runName", "study")  # its row in the runs table, beside prepare, train-..., analyze
-    from gradshare.orphans import process_tags
 
     for key, value in process_tags().items():  # alive while its steps run: never swept by them
         tag(key, value)
     t0 = time.perf_counter()
     try:
-        tag(T.PLAN_SHA, plan.sha256())
+        tag(PLAN_SHA, plan.sha256())
         timings = run_study(args.study, args.profile, truthy(args.new_study), overrides, args.hosts)
     except BaseException as exc:  # an interrupt too: the study's run says why it ended
         text = str(exc)
@@ -55,7 +56,7 @@ def main(argv=None) -> None:
             text = "stopped by the user (interrupt)"
         elif isinstance(exc, SystemExit) and (exc.code is None or isinstance(exc.code, int)):
             text = "a step of the study failed: see that step's gradshare.failure_reason"
-        tag(T.FAILURE, text or type(exc).__name__)
+        tag(FAILURE, text or type(exc).__name__)
         raise
     print("\n[gradshare] step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     print(f"[gradshare] study {args.study!r} done in {time.perf_counter() - t0:.0f}s")

@@ -27,7 +27,18 @@ import logging
 import os
 
 from entrypoints.common import parse, study_parser
-from gradshare.plan import ARM_KINDS
+from gradshare.contract import metrics as M
+from gradshare.contract.errors import Refusal, StudyError
+from gradshare.contract.plan import ARM_KINDS
+from gradshare.contract.tags import RESUMED_RUN, STEP, STUDY
+from gradshare.tracking import connection, study_runs
+from gradshare.tracking.orphans import process_tags
+from gradshare.train.driver import Launch, check_resume, run_arm, run_secondary_host
+from gradshare.train.launch import launch_problem
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def main(argv=None) -> None:
@@ -40,30 +51,24 @@ def main(argv=None) -> None:
     ap.add_argument("--full-state-every", type=int, default=0, help="full-state checkpoint every N updates")
     ap.add_argument("--resume-from", default="", help="run id of a stopped attempt of this arm")
     args, _ = parse(ap, argv, overrides_allowed=False)
-    from gradshare.train.launch import launch_problem
 
     if problem := launch_problem(vars(args)):  # before any run: a bad launch is refused, not attempted
         name, text = problem
         ap.error(f"argument --{name.replace('_', '-')}: {text}")
 
-    from gradshare import metrics as M
-    from gradshare import tracking as T
-
-    T.stop_on_sigterm()
-    from gradshare.train.driver import Launch, run_arm, run_secondary_host
+    connection.stop_on_sigterm()
 
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
     if launch.machine_rank > 0:  # only machine rank 0 owns the arm's MLflow run
-        T.setup(args.study, create=False)
+        study_runs.setup(args.study, create=False)
         launcher = os.environ.get("MLFLOW_RUN_ID")
         if launcher:  # a launcher's run for this host: say what it is and that it lives
-            from gradshare.orphans import process_tags
 
-            for key, value in (T.study_tags(args.study, "train-host", "", args.arm) | process_tags()).items():
-                T.client().set_tag(launcher, key, value)
+            for key, value in (study_runs.study_tags(args.study, "train-host", "", args.arm) | process_tags()).items():
+                connection.client().set_tag(launcher, key, value)
         try:
             run_secondary_host(args.study, args.arm, launch)
-        except T.StudyError as exc:
+        except StudyError as exc:
             raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}")
         return
     resume = None
@@ -78,7 +83,7 @@ def main(argv=None) -> None:
     mlflow.set_system_metrics_samples_before_logging(1)
     # ... and without its INFO lines at each start and stop ("Skip logging GPU metrics", ...)
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-    with T.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
+    with study_runs.study_run(args.study, "train", arm=args.arm, run_name=f"train-{args.arm}",
                      system_metrics=True) as run:
         summary = run_arm(args.study, args.arm, run, launch, args.full_state_every, resume)
         if summary:
@@ -91,21 +96,19 @@ def main(argv=None) -> None:
 def _checked_resume(study: str, arm: str, run_id: str):
     """The verified resume, or a refusal recorded on a run of its own (the launcher's, if
     `mlflow run` made one) while the stopped run stays untouched."""
-    from gradshare import tracking as T
-    from gradshare.train.driver import check_resume
 
-    T.setup(study, create=False)
+    study_runs.setup(study, create=False)
     try:
         resume = check_resume(study, arm, run_id)
-    except T.Refusal as exc:
-        with T.study_run(study, "train", arm=arm, run_name=f"train-{arm}"):
+    except Refusal as exc:
+        with study_runs.study_run(study, "train", arm=arm, run_name=f"train-{arm}"):
             raise exc
     launcher = os.environ.pop("MLFLOW_RUN_ID", None)
     if launcher and launcher != run_id:  # `mlflow run` made a run for this command: it only points
-        c = T.client()
-        c.set_tag(launcher, T.STUDY, study)
-        c.set_tag(launcher, T.STEP, "train-resume")
-        c.set_tag(launcher, "gradshare.resumed_run", run_id)
+        c = connection.client()
+        c.set_tag(launcher, STUDY, study)
+        c.set_tag(launcher, STEP, "train-resume")
+        c.set_tag(launcher, RESUMED_RUN, run_id)
         c.set_terminated(launcher, "FINISHED")
     return resume
 

@@ -11,7 +11,7 @@ inputs, the code and the versions of the packages that compute them (accuracies,
 changes, retention, the quality screen, each arm's final loss and the hash of its weights'
 content, the inputs hash): `--check` compares exactly this with a fresh run of the same
 commit. Its `Versions:` line records those versions (the ones prepare's manifest records,
-`gradshare.sources`) as installed where the block was written; `constraints.txt` installs
+`gradshare.util.sources`) as installed where the block was written; `constraints.txt` installs
 them. When a line differs, `--check` names every version that differs, installed vs
 recorded, and exits 1. "Measured" (step seconds, throughput, the speed ratio, dollars)
 moves with the machine and its load: it is given as measured, with the machine, the
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from any directory, installed or not
     sys.path.insert(0, str(REPO))
 
-from gradshare.sources import numerical_sources  # noqa: E402
+from gradshare.util.sources import numerical_sources  # noqa: E402
 
 README = REPO / "README.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -92,7 +92,7 @@ def exact_part(r: dict) -> list[str]:
 
 def installed_versions() -> dict[str, str]:
     """Python's version and the packages' that shape the numbers, as installed here: the same
-    list prepare's manifest records (`gradshare.sources`)."""
+    list prepare's manifest records (`gradshare.util.sources`)."""
     sources = numerical_sources(0)
     return {"python": sources["python"], **{k: v or "none" for k, v in sources["packages"].items()}}
 

@@ -1,4 +1,4 @@
-"""Rewrite the plan's numbers in STUDY.md from `gradshare/plan.py`, the only place they live.
+"""Rewrite the plan's numbers in STUDY.md from `gradshare/contract/plan.py`, the only place they live.
 
     python scripts/study_md.py            # rewrite every generated block of STUDY.md in place
     python scripts/study_md.py --check    # exit 1, naming each stale block; nothing is written
@@ -6,7 +6,7 @@
 STUDY.md is prose written by hand plus blocks written by this script, each between
 `<!-- plan:NAME -->` and `<!-- /plan -->`. A block shows the `tiny` profile (the embedded CPU
 default) and the `full` profile (the study on GPUs) side by side, both as `load_plan` builds
-them. A plan change that is not regenerated here fails `tests/test_study_md.py`.
+them. A plan change that is not regenerated here fails `tests/unit/scripts/test_study_md.py`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gradshare.plan import Plan, load_plan  # noqa: E402
+from gradshare.contract.plan import Plan, load_plan  # noqa: E402
 
 STUDY_MD = REPO / "STUDY.md"
 PROFILES = ("tiny", "full")
@@ -182,7 +182,7 @@ def block_data(ps):
 
 def block_model(ps):
     return by_profile(ps, field_rows([
-        ("seed model", "model.source"), ("model shape (gradshare/configs)", "model.config"),
+        ("seed model", "model.source"), ("model shape (gradshare/model/configs)", "model.config"),
         ("tokenizer vocabulary trained by prepare (tiny)", "model.vocab_size"),
         ("seed pre-training updates (tiny)", "model.pretrain_steps"),
         ("documents per pre-training update", "model.pretrain_batch_docs"),
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{args.file.name}: stale generated blocks: " + ", ".join(f"plan:{n}" for n in bad)
                       + "; run `python scripts/study_md.py`", file=sys.stderr)
                 return 1
-            print(f"{args.file.name}: every generated block matches gradshare/plan.py")
+            print(f"{args.file.name}: every generated block matches gradshare/contract/plan.py")
             return 0
         new = render(text)
     except StudyMdError as e:

@@ -1,4 +1,4 @@
-"""Two emulated hosts on this machine (root, `ip`, `tc`): see `gradshare/netns.py`.
+"""Two emulated hosts on this machine (root, `ip`, `tc`): see `gradshare/hosts/netns.py`.
 
     # hold two hosts until Ctrl-C, with the tracking server at 127.0.0.1:5000 reachable from both
     sudo python scripts/two_hosts.py up --rate-mbit 22 --bridge-port 5000
@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gradshare import netns  # noqa: E402
-from gradshare.plan import LinkPlan  # noqa: E402
+from gradshare.hosts import netns  # noqa: E402
+from gradshare.contract.plan import LinkPlan  # noqa: E402
 
 
 def _need_hosts() -> None:
@@ -34,7 +34,7 @@ def _need_hosts() -> None:
 
 
 def _train_cmd(hosts, rank: int, study: str, arm: str, port: int) -> list[str]:
-    from gradshare.emulated import machine_rank_command
+    from gradshare.steps.emulated import machine_rank_command
 
     return hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0], port)
 
@@ -63,8 +63,8 @@ def up(args) -> None:
 
 def run(args) -> None:
     _need_hosts()
-    from gradshare import store
-    from gradshare.emulated import choose_link, run_arm_across
+    from gradshare.tracking import store
+    from gradshare.steps.emulated import choose_link, run_arm_across
 
     _, plan = store.prepared_plan(args.study)
     link = choose_link("emulated", plan)  # refuses with the reason (a tracking server it cannot reach)

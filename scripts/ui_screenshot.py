@@ -26,6 +26,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from gradshare.contract.tags import REFUSAL
+from gradshare.tracking import connection
+from gradshare.tracking import study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # gradshare from this checkout, installed or not (as study_md.py does)
@@ -122,8 +125,7 @@ def main(argv=None) -> None:
     width, height = (int(x) for x in (args.size or ("1500,560" if args.run else "3000,600")).split(","))
     import mlflow
 
-    from gradshare import tracking as T
-    from gradshare.server import NO_JOBS
+    from gradshare.tracking.server import NO_JOBS
     from gradshare.train.driver import free_port
 
     mlflow.set_tracking_uri(args.backend_store_uri)
@@ -132,7 +134,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"no study {args.study!r} in {args.backend_store_uri}")
     run_id = args.run
     if run_id == "refused":
-        refused = T.client().search_runs([exp.experiment_id], f"tags.`{T.REFUSAL}` = 'true'",
+        refused = connection.client().search_runs([exp.experiment_id], f"tags.`{REFUSAL}` = 'true'",
                                          order_by=["attributes.start_time DESC"], max_results=1)
         if not refused:
             raise SystemExit(f"study {args.study!r} has no refused run")
@@ -151,7 +153,7 @@ def main(argv=None) -> None:
                 time.sleep(0.5)
         else:
             raise SystemExit("mlflow ui did not start")
-        url = T.runs_table(exp.experiment_id, base, run_id)
+        url = study_runs.runs_table(exp.experiment_id, base, run_id)
         rendered = "Status" if run_id else "matching runs"  # the run's overview; the table's footer
         with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
             page = DevTools(browser, profile, width, height)

@@ -3,6 +3,12 @@ artifacts), and small studies run through the real entry points.
 
 The small plan keeps the study's shape (families, arms, warm-up, rank 32, global
 normalisation) but shrinks the counts so that the suite runs on 2 CPU cores.
+
+The tests live in two trees: tests/unit/<package>/ mirrors the code (gradshare's packages,
+analysis, entrypoints, scripts, docs) and runs in a few minutes; tests/e2e/ holds every test
+that goes through `mlflow run`, a whole study (prepare, train, commit, score, analyze), a
+trained arm, a benchmark's harness or a fresh venv. Everything under tests/e2e carries the
+`e2e` marker (set below, whatever the file says), so `pytest -m "not e2e"` is the quick tier.
 """
 from __future__ import annotations
 
@@ -17,25 +23,40 @@ from types import SimpleNamespace
 
 import pytest
 
-from gradshare.plan import PROFILES
-from gradshare.server import NO_JOBS
+from gradshare.contract.plan import PROFILES
+from gradshare.tracking.server import NO_JOBS
 from gradshare.train.driver import free_port
+from gradshare.contract.tags import STEP
+from gradshare.tracking import connection
+from gradshare.tracking import study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 # Every `mlflow server` the tests start runs as `gradshare server` does: without MLflow's job
 # runner (eight Python processes per server that the study never uses).
 os.environ.update(NO_JOBS)
-# Secrets planted in the environment of every step the suite runs: test_security searches the
-# whole store for them at the end (they must reach no parameter, tag, artifact or metric).
+# Secrets planted in the environment of every step the suite runs: tests/e2e/test_secrets.py
+# searches the whole store for them at the end (they must reach no parameter, tag, artifact or
+# metric).
 PLANTED_SECRETS = {
     "AWS_ACCESS_KEY_ID": "AKIAPLANTEDSECRET0001", "AWS_SECRET_ACCESS_KEY": "planted/aws+secret/key/0001",
     "GITHUB_TOKEN": "ghp_plantedtoken000000000000000000000001", "HF_TOKEN": "hf_plantedtoken0000000001",
     "DATABASE_PASSWORD": "planted-db-password-0001"}
 os.environ.update(PLANTED_SECRETS)
 
-# The `smoke` profile's counts (gradshare.plan.PROFILES): the suite's small studies are that profile,
+# The `smoke` profile's counts (gradshare.contract.plan.PROFILES): the suite's small studies are that profile,
 # as overrides, so that a test may change any of them.
 SMALL = {k: v for k, v in PROFILES["smoke"].items() if k != "study.profile"}
+
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/e2e is e2e, though its module forgot `pytestmark`."""
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 def wait_until_serving(proc: subprocess.Popen, uri: str, log: Path, timeout_s: float = 120) -> None:
@@ -102,6 +123,19 @@ class MlflowServer:
         psutil.wait_procs(procs, timeout=30)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def store_outside_the_checkout(tmp_path_factory):
+    """A throwaway SQLite store for the tests that reach the tracking store without asking for a
+    server (`analysis.verdicts` looks up the prepare run): never ./mlflow.db in the checkout,
+    whichever test runs first. `mlflow_server` replaces it while it serves."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        yield
+        return
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path_factory.mktemp('default-store')}/mlflow.db"
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""
@@ -163,20 +197,34 @@ def mlflow_run_as_typed(*args: str, env: dict | None = None) -> subprocess.Compl
                           capture_output=True, text=True, timeout=900)
 
 
+def load_script(name: str):
+    """`scripts/<name>.py` as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def all_runs() -> list:
+    """Every run of every (active) experiment in the store."""
+    c = connection.client()
+    exps = [e.experiment_id for e in c.search_experiments()]
+    return c.search_runs(exps, max_results=5000) if exps else []
+
+
 def experiment_id(name: str) -> str:
     """The experiment's id, made if needed (not `mlflow.set_experiment`, which would also set
     MLFLOW_EXPERIMENT_ID in this process's environment for every command a later test starts)."""
     import mlflow
 
-    from gradshare import tracking as T
-
     exp = mlflow.get_experiment_by_name(name)
-    return exp.experiment_id if exp else T.client().create_experiment(name)
+    return exp.experiment_id if exp else connection.client().create_experiment(name)
 
 
 def runs(study: str, step: str, arm: str | None = None):
-    from gradshare import tracking as T
-    return T.search(study, step, arm)
+    return study_runs.search(study, step, arm)
 
 
 @pytest.fixture(scope="session")
@@ -215,22 +263,19 @@ def partial_study(mlflow_server):
 
 
 def is_scored(study: str) -> bool:
-    from gradshare import tracking as T
-    return bool(T.finished_score_steps(study))
+    return bool(study_runs.finished_score_steps(study))
 
 
 def commitment_of(study: str) -> dict:
     import json
-    from gradshare import tracking as T
-    [run] = T.search(study, "commit", status="FINISHED")
-    return json.loads(T.download(run.info.run_id, "commitment.json").read_text())
+    [run] = study_runs.search(study, "commit", status="FINISHED")
+    return json.loads(study_runs.download(run.info.run_id, "commitment.json").read_text())
 
 
 @pytest.fixture(scope="session")
 def committed_study(trained_study):
     """The small study, committed once (whichever test asks first)."""
-    from gradshare import tracking as T
-    if not T.is_committed(trained_study):
+    if not study_runs.is_committed(trained_study):
         run_entry("commit", "--study", trained_study)
     return trained_study, commitment_of(trained_study)
 
@@ -255,24 +300,22 @@ def partial_scored(partial_study):
 def first_command_study(mlflow_server):
     """The README's first command (`mlflow run . -e study -P new_study=true`, no experiment
     name) on the `smoke` profile, the whole study: its two-process arms cross two emulated hosts where this machine
-    can make them (root), else loopback. Its runs are kept as they ended (test_newcomer later
+    can make them (root), else loopback. Its runs are kept as they ended (e2e/test_newcomer later
     archives the study by preparing a new one of the same name; run ids stay valid).
 
     The emulated link runs at 200 Mbit/s, not the plan's 22: no test here reads its speed (the
-    plan's rate is measured in test_two_hosts), and dense's 8 exchanges take 17 s less."""
-    from gradshare import orphans
-    from gradshare import tracking as T
-
+    plan's rate is measured in unit/hosts/test_two_hosts), and dense's 8 exchanges take 17 s less."""
+    from gradshare.tracking import orphans
     study = "whole-study"
     args = ["-e", "study", "--env-manager", "local", "-P", "new_study=true", "-P", f"study={study}",
             "-P", "profile=smoke"]
     for k, v in {"model.pretrain_steps": "2", "link.rate_mbit": "200"}.items():
         args += ["-P", f"{k}={v}"]
-    default_before = len(T.client().search_runs(["0"]))
+    default_before = len(connection.client().search_runs(["0"]))
     # No grace: a step that mistook the live launcher (or a sibling) for an orphan shows at once.
     proc = mlflow_run_as_typed(*args, env={orphans.GRACE_ENV: "0"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    exp = T.client().get_experiment_by_name(study)
-    runs = T.client().search_runs([exp.experiment_id], max_results=1000)
+    exp = connection.client().get_experiment_by_name(study)
+    runs = connection.client().search_runs([exp.experiment_id], max_results=1000)
     return SimpleNamespace(study=study, proc=proc, runs=runs, default_before=default_before,
-                           by_step=lambda step: [r for r in runs if r.data.tags.get(T.STEP) == step])
+                           by_step=lambda step: [r for r in runs if r.data.tags.get(STEP) == step])

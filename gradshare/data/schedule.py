@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from gradshare.hashing import sha256_text
+from gradshare.util.hashing import sha256_text
 
 
 def build_schedule(doc_ids: list[str], updates: int, docs_per_update: int, seed: int) -> list[list[str]]:

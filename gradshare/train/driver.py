@@ -3,7 +3,7 @@
 Runs inside the arm's MLflow run (see `entrypoints.train`). Refusals come first and
 cost nothing (a machine without the devices, a bad launch): the run is tagged a
 refusal, not an attempt. Then the arm is claimed in the study's ledger
-(`gradshare.claims`), which refuses once the study is committed, while another arm
+(`gradshare.tracking.claims`), which refuses once the study is committed, while another arm
 runs, after the arm finished, or when the plan's `arms.max_attempts` are used up; a
 claim that succeeds is attempt N of the arm (tag `gradshare.attempt`). Only then are
 the train inputs (never the test set) downloaded and checked byte for byte against the
@@ -13,6 +13,7 @@ the plan's timeout, and the summary, the step-128 checkpoint and its SHA-256 rec
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -20,21 +21,42 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradshare import claims
-from gradshare import limits
-from gradshare import metrics as M
-from gradshare import store
-from gradshare import tracking as T
-from gradshare.outbox import Outbox
-from gradshare.plan import Plan
-from gradshare.train import env as env_names
-from gradshare.train import failures
+import psutil
 
-RESUMED = "gradshare.resumed_from_update"  # the updates a run was resumed after, comma-separated
+from gradshare.contract import metrics as M
+from gradshare.contract.errors import Refusal, StudyError
+from gradshare.contract.plan import Plan
+from gradshare.contract.tags import (
+    ARM,
+    ATTEMPT,
+    FAILURE,
+    PLAN_SHA,
+    PREPARE_RUN,
+    REFUSAL,
+    REHEARSAL,
+    RESUMED,
+    RESUMED_FULL_STATE_BYTES,
+    STUDY,
+)
+from gradshare.cost import limits
+from gradshare.tracking import claims, connection, outbox, store, study_runs
+from gradshare.tracking.outbox import Outbox
+from gradshare.train import env as env_names
+from gradshare.train import failures, fullstate
+from gradshare.train import workdir as workdir_files
+from gradshare.train.env import LINK_ENV, RATE_ENV
+from gradshare.train.fullstate import MANIFEST
+from gradshare.train.launch import launch_problem
+
+# Lazy imports: mlflow, torch inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
 # Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
 STOP_GRACE_S = 10
 
@@ -55,7 +77,7 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
     import torch  # here, not above: on CPU the driver never loads torch (about 2 s per arm)
 
     if need % launch.num_machines:
-        raise T.Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
+        raise Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
                         f"{launch.num_machines} machines")
     # a rehearsal puts every process of the arm on the one GPU (`hardware.rehearsal`)
     per_host = 1 if plan.hardware.rehearsal else need // launch.num_machines
@@ -66,14 +88,14 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
         if need > 1 and launch.num_machines == 1:
             hint += (", or on two hosts with one GPU each (-P num_machines=2 -P machine_rank=0|1 "
                      "-P main_process_ip=HOST on both)")
-        raise T.Refusal(f"arm {arm} needs {need} CUDA device(s), {per_host} on this host, and this host has "
+        raise Refusal(f"arm {arm} needs {need} CUDA device(s), {per_host} on this host, and this host has "
                         f"{have}: {hint}; nothing was trained, no attempt used")
 
 
 def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
     """Take the arm's start in the study's ledger; returns the attempt number or refuses."""
     if arm not in plan.arms.names:
-        raise T.Refusal(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
+        raise Refusal(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
     index = claims.append(prep.info.run_id, "train", arm, own_run_id)
     return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
 
@@ -120,7 +142,6 @@ def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
     starts each rank in a session of its own, so a process-group kill would miss them, and
     a rank whose launcher has died is re-parented away from this tree.
     """
-    import psutil
 
     try:
         root = psutil.Process(pid)
@@ -145,13 +166,11 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     cmd = launch_command(plan, arm, workdir, run_id, launch)
     limit = plan.arms.timeout_s(plan.schedule.updates)
     print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
-    from gradshare import outbox
-
     # The workers' and the launcher's stderr (library warnings, tracebacks, torch elastic's
     # failure summary) go to a file, the run's log: the console gets gradshare's own lines from
     # it, and a failure one line (`failures`). A file, not a pipe: the workers outlive this
     # process if it dies, and must never write into a closed pipe.
-    log_path = workdir / failures.LOG
+    log_path = workdir / workdir_files.WORKERS_LOG
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
                **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"})
     with open(log_path, "ab") as log:
@@ -162,7 +181,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     except subprocess.TimeoutExpired:
         stop_tree(proc.pid)
         a = plan.arms
-        raise T.StudyError(
+        raise StudyError(
             f"timeout: arm {arm} did not finish within {limit:.0f}s (arms.startup_s {a.startup_s:g} + "
             f"{plan.schedule.updates} updates x arms.expected_update_s {a.expected_update_s:g} x "
             f"arms.timeout_margin {a.timeout_margin:g}); every rank was stopped. A rank hung or the "
@@ -181,7 +200,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
                 reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
         print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
               file=sys.stderr, flush=True)
-        raise T.StudyError(reason)
+        raise StudyError(reason)
 
 
 def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
@@ -192,7 +211,7 @@ def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
             box.hold()
         box.text(text, artifact_file)
     except Exception as exc:  # noqa: BLE001 - the arm's own outcome matters more than its log
-        print(f"[gradshare] could not keep {artifact_file}: {T.one_line(exc)}", file=sys.stderr, flush=True)
+        print(f"[gradshare] could not keep {artifact_file}: {connection.one_line(exc)}", file=sys.stderr, flush=True)
 
 
 class _Follower:
@@ -200,7 +219,6 @@ class _Follower:
     stderr as they come; the rest stays in the log (and the run's `log/workers.txt`)."""
 
     def __init__(self, path: Path, every_s: float = 0.5):
-        import threading
 
         self.path, self.every_s, self.pos = path, every_s, 0
         self._stop = threading.Event()
@@ -232,27 +250,25 @@ def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
     (the store's fault, not the method's: the arm keeps its attempt, and trains once fixed)."""
     try:
         workdir = store.verified_inputs(prep, plan, tmp, store.TRAIN_INPUTS)
-    except T.StudyError as exc:
-        raise T.Refusal(f"{exc}; nothing was trained, no attempt used") from None
-    (workdir / "plan.json").write_text(json.dumps(plan.to_dict() | {"plan_sha256": plan.sha256()}))
+    except StudyError as exc:
+        raise Refusal(f"{exc}; nothing was trained, no attempt used") from None
+    workdir_files.write_plan(workdir, plan)
     return workdir
 
 
 def check_launch(launch: Launch, full_state_every: int = 0) -> None:
     """The entry point's launch check (`train.launch.launch_problem`), again inside the run, for
     any caller that reaches the driver another way."""
-    from gradshare.train.launch import launch_problem
 
     values = {"num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
               "main_process_port": launch.main_process_port, "full_state_every": full_state_every}
     if problem := launch_problem(values):
-        raise T.Refusal(problem[1])
+        raise Refusal(problem[1])
 
 
 def link_description(plan: Plan, arm: str, launch: Launch) -> str:
     """What carried the arm's exchange: the launcher's word (`GRADSHARE_LINK`, set by the
     study and `scripts/two_hosts.py`) where given, else what the launch shows."""
-    from gradshare.emulated import LINK_ENV
 
     if plan.arms.processes(arm) == 1:
         return "none: one process"
@@ -266,7 +282,6 @@ def link_description(plan: Plan, arm: str, launch: Launch) -> str:
 def link_rate(plan: Plan, arm: str, launch: Launch) -> str:
     """The link's rate in Mbit/s as the projection reads it: a number for an emulated link,
     `inf` for loopback, `none` for one process, `unknown` for a real network."""
-    from gradshare.emulated import RATE_ENV
 
     if plan.arms.processes(arm) == 1:
         return "none"
@@ -286,9 +301,8 @@ class Resume:
 
 def latest_full_state(run_id: str) -> str | None:
     """Artifact path of the run's newest complete full state (`full_state/uNNNNN` with a manifest)."""
-    from gradshare.train.fullstate import MANIFEST
 
-    c = T.client()
+    c = connection.client()
     dirs = sorted((a.path for a in c.list_artifacts(run_id, "full_state") if a.is_dir), reverse=True)
     for d in dirs:
         if any(a.path.endswith("/" + MANIFEST) for a in c.list_artifacts(run_id, d)):
@@ -298,31 +312,30 @@ def latest_full_state(run_id: str) -> str | None:
 
 def check_resume(study: str, arm: str, run_id: str) -> Resume:
     """Everything a resume needs, before the stopped run is reopened; a Refusal otherwise."""
-    from gradshare.train import fullstate
 
     prep, plan = store.prepared_plan(study)
     try:
-        run = T.client().get_run(run_id)
+        run = connection.client().get_run(run_id)
     except Exception:  # noqa: BLE001 - any lookup failure is a run that is not there
-        raise T.Refusal(f"resume_from={run_id}: no such run") from None
-    if run.data.tags.get(T.STUDY) != study or run.data.tags.get(T.ARM) != arm:
-        raise T.Refusal(f"resume_from={run_id} is not a train run of arm {arm} in study {study!r}")
-    if run.data.tags.get(T.REFUSAL) == "true":
-        raise T.Refusal(f"resume_from={run_id} was refused ({run.data.tags.get(T.FAILURE)}), not an attempt: "
+        raise Refusal(f"resume_from={run_id}: no such run") from None
+    if run.data.tags.get(STUDY) != study or run.data.tags.get(ARM) != arm:
+        raise Refusal(f"resume_from={run_id} is not a train run of arm {arm} in study {study!r}")
+    if run.data.tags.get(REFUSAL) == "true":
+        raise Refusal(f"resume_from={run_id} was refused ({run.data.tags.get(FAILURE)}), not an attempt: "
                         f"nothing to resume")
     if run.info.status not in ("FAILED", "KILLED"):
-        raise T.Refusal(f"resume_from={run_id} is {run.info.status}: only a stopped (FAILED or KILLED) arm resumes")
+        raise Refusal(f"resume_from={run_id} is {run.info.status}: only a stopped (FAILED or KILLED) arm resumes")
     index = claims.append(prep.info.run_id, "resume", arm, run_id)
     claims.decide_resume(claims.entries(prep.info.run_id, before=index), arm, run_id)
     path = latest_full_state(run_id)
     if path is None:
-        raise T.Refusal(f"run {run_id} saved no complete full state (train with -P full_state_every=N): "
+        raise Refusal(f"run {run_id} saved no complete full state (train with -P full_state_every=N): "
                         f"nothing to resume from")
-    local = T.download(run_id, path, Path(tempfile.mkdtemp(prefix="gradshare-resume-")))
+    local = study_runs.download(run_id, path, Path(tempfile.mkdtemp(prefix="gradshare-resume-")))
     try:
         manifest = fullstate.verify(local, plan.arms.processes(arm))
     except fullstate.FullStateError as exc:
-        raise T.Refusal(f"the full state {path} of run {run_id} is refused: {exc}") from None
+        raise Refusal(f"the full state {path} of run {run_id} is refused: {exc}") from None
     return Resume(run_id, local, manifest, limits.run_spend(plan, run))
 
 
@@ -333,7 +346,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
     import mlflow
 
     prep, plan = store.prepared_plan(study)
-    mlflow.set_tags({T.PLAN_SHA: plan.sha256(), "gradshare.prepare_run_id": prep.info.run_id})
+    mlflow.set_tags({PLAN_SHA: plan.sha256(), PREPARE_RUN: prep.info.run_id})
     check_launch(launch, full_state_every)
     check_devices(plan, arm, launch)
     # Scratch of this step alone: removed when it ends, whatever happened.
@@ -347,7 +360,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
             attempt = claim_arm(prep, plan, arm, run.info.run_id)
             done = 0
         else:
-            attempt = int(run.data.tags.get(T.ATTEMPT, "1"))
+            attempt = int(run.data.tags.get(ATTEMPT, "1"))
             done = resume.manifest["update"]
         # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
         arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
@@ -355,7 +368,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
                                        extra_spent=resume.spent_usd if resume else 0.0)
         _start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
         arm_limits.write(workdir)
-        (workdir / "fullstate.json").write_text(json.dumps({"every": full_state_every}))
+        (workdir / workdir_files.FULL_STATE_POLICY).write_text(json.dumps({"every": full_state_every}))
         if resume is not None:
             shutil.copytree(resume.state_dir, workdir / "resume")
         try:
@@ -364,7 +377,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
             raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
                                     f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         # rank 0 recorded the summary, the checkpoint and the run's end itself (`train.result`)
-        return json.loads((workdir / "summary.json").read_text())
+        return json.loads((workdir / workdir_files.SUMMARY).read_text())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -374,10 +387,10 @@ def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: i
     import mlflow
 
     if plan.rehearsal_note:
-        mlflow.set_tag(env_names.REHEARSAL_TAG, plan.rehearsal_note)
+        mlflow.set_tag(REHEARSAL, plan.rehearsal_note)
         print(f"[gradshare] {plan.rehearsal_note}", flush=True)
     if resume is None:
-        mlflow.set_tags({T.ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
+        mlflow.set_tags({ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
         print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
         mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
                            "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
@@ -389,7 +402,7 @@ def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: i
         before = run.data.tags.get(RESUMED, "")
         mlflow.set_tags({RESUMED: f"{before},{done}" if before else str(done),
                          "mlflow.runName": f"train-{arm}-attempt{attempt}",
-                         "gradshare.resumed_full_state_bytes": str(resume.manifest["bytes"])})
+                         RESUMED_FULL_STATE_BYTES: str(resume.manifest["bytes"])})
         print(f"[gradshare] arm {arm}: attempt {attempt} resumed after update {done} from its full state "
               f"({resume.manifest['bytes']:,} bytes)", flush=True)
 
@@ -398,7 +411,6 @@ def checkpoint_bytes(prep, plan: Plan) -> int:
     """What the arm's final checkpoint will take on disk: its FP32 weights, by the parameter
     shapes prepare recorded (`model_shapes.json`), plus 5% and 64 MiB for the config, the
     tokenizer and the file system's slack."""
-    import math
 
     weights = sum(math.prod(s) for s in limits.prepared_shapes(prep, plan)) * 4
     return int(weights * 1.05) + 64 * 2**20
@@ -408,8 +420,6 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
     """A refusal, before the claim, where the arm could not keep its result: the outbox (where
     rank 0 writes the final checkpoint, `train.result`) or the working directory not writable,
     or the outbox's disk without room for the checkpoint."""
-    from gradshare import outbox
-
     box_root = outbox.root()
     for where, path in (("the outbox ($GRADSHARE_OUTBOX)", box_root), ("the arm's working directory", workdir)):
         try:
@@ -418,11 +428,11 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
             probe.write_bytes(b"x")
             probe.unlink()
         except OSError as exc:
-            raise T.Refusal(f"{where} {path} is not writable ({exc.strerror or exc}): the arm could not keep "
+            raise Refusal(f"{where} {path} is not writable ({exc.strerror or exc}): the arm could not keep "
                             f"its checkpoint; nothing was trained, no attempt used") from None
     need, free = checkpoint_bytes(prep, plan), shutil.disk_usage(box_root).free
     if free < need:
-        raise T.Refusal(f"the disk of the outbox {box_root} has {free:,} bytes free, and the arm's final "
+        raise Refusal(f"the disk of the outbox {box_root} has {free:,} bytes free, and the arm's final "
                         f"checkpoint needs {need:,}: free space or point $GRADSHARE_OUTBOX at a larger disk; "
                         f"nothing was trained, no attempt used")
 
@@ -430,11 +440,9 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
 def _last_update(run_id: str) -> int:
     """The arm's last update with logged metrics: from the server, or, where it does not answer,
     from the run's outbox journal."""
-    from gradshare import outbox
-
     try:
         with outbox.fast_fail():
-            return max((m.step for m in T.client().get_metric_history(run_id, M.STEP_S)), default=0)
+            return max((m.step for m in connection.client().get_metric_history(run_id, M.STEP_S)), default=0)
     except Exception:  # noqa: BLE001 - the journal holds every update's metrics too
         return Outbox(run_id, 0).last_step(M.STEP_S)
 

@@ -1,4 +1,7 @@
-"""The environment variables the train driver sets for its workers (one home for their names)."""
+"""The environment variables of an arm's processes (one home for their names): the ones the
+train driver sets for its workers, and the ones a caller of train (the emulated-hosts step)
+sets for the driver."""
 DRIVER_PID_ENV = "GRADSHARE_DRIVER_PID"  # the train step that launched the workers
 LAUNCHED_AT_ENV = "GRADSHARE_LAUNCHED_AT"  # its clock (time.time()) when it started the launcher
-REHEARSAL_TAG = "gradshare.rehearsal"  # on train and commit runs of a study rehearsed on one GPU
+LINK_ENV = "GRADSHARE_LINK"  # what the arm's run logs as its `link` parameter
+RATE_ENV = "GRADSHARE_LINK_RATE_MBIT"  # ... and as `link_rate_mbit` (the projection reads it)

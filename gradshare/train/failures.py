@@ -20,7 +20,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-LOG = "workers.log"
+from gradshare.train.workdir import WORKERS_LOG
+
 # reasons that already say after which update the arm stopped
 SAYS_WHERE = ("deadline:", "budget:", "tracking:")
 # reasons the driver passes on as they are: they already say what stopped the arm
@@ -109,9 +110,9 @@ def one_line(arm: str, rc: int, reasons: dict[int, str], exits: list[RankExit]) 
 def details(workdir: Path, reasons: dict[int, str]) -> str:
     """What the `failure/details.txt` artifact holds: each rank's own reason, then the log."""
     parts = [f"rank {r}: {text}" for r, text in reasons.items()] or ["no rank wrote a reason of its own"]
-    log = workdir / LOG
+    log = workdir / WORKERS_LOG
     if log.exists():
-        parts += ["", f"--- {LOG} (the workers' and the launcher's stderr) ---",
+        parts += ["", f"--- {WORKERS_LOG} (the workers' and the launcher's stderr) ---",
                   log.read_text(errors="replace")]
     return "\n".join(parts) + "\n"
 
@@ -119,6 +120,6 @@ def details(workdir: Path, reasons: dict[int, str]) -> str:
 def explain(workdir: Path, arm: str, rc: int) -> tuple[str, str]:
     """(the one-line reason, the details) of a failed launch in `workdir`."""
     reasons = rank_reasons(workdir)
-    log = workdir / LOG
+    log = workdir / WORKERS_LOG
     exits = launcher_exits(log.read_text(errors="replace")) if log.exists() else []
     return one_line(arm, rc, reasons, exits), details(workdir, reasons)

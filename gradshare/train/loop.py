@@ -22,20 +22,28 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gradshare import faults as F
-from gradshare import metrics as M
+from gradshare.contract import metrics as M
+from gradshare.contract.plan import Arm, Plan
+from gradshare.cost.volume import logical_bytes_per_exchange
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
-from gradshare.metering import Clock, add_into, gather, host_counters, per_host_delta
-from gradshare.model import TokenLoss, collate, compile_layers
-from gradshare.plan import Plan
-from gradshare.train import batching, fullstate
-from gradshare.train.batching import for_plan as micro_batches
+from gradshare.hosts.metering import (
+    Clock,
+    add_into,
+    gather,
+    host_counters,
+    per_host_delta,
+)
+from gradshare.model import batching
+from gradshare.model.batching import for_plan as micro_batches
+from gradshare.model.lm import TokenLoss, collate, compile_layers
+from gradshare.train import faults as F
+from gradshare.train import fullstate
 from gradshare.train.graphs import StaticSteps, made_up_batch
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
 from gradshare.train.powersgd import hook_for, make_powersgd_state, prefetch_errors
-from gradshare.wire import logical_bytes_per_exchange
 
 
 class DivergenceError(RuntimeError):
@@ -57,8 +65,9 @@ class LoopResult:
 
 
 @dataclass
-class FullState:
-    """Full-state checkpoints of one arm (`gradshare.train.fullstate`)."""
+class FullStatePolicy:
+    """When and where one arm saves full states (`gradshare.train.fullstate`), and the one it
+    resumes from."""
     every: int = 0
     """Save after every `every`-th update but the last; 0: never."""
     root: Path | None = None
@@ -68,11 +77,15 @@ class FullState:
     resume: dict | None = None
     """A loaded full state (`fullstate.load`) to continue from."""
 
+    def saves_after(self, update: int, updates: int) -> bool:
+        """Whether a full state is saved after `update` (never after the last: the checkpoint is)."""
+        return bool(self.every) and update % self.every == 0 and update < updates
+
 
 _TOTALS = ("losses", "active_s", "tokens", "logical_bytes", "logical_bytes_post_warmup", "wire")
 
 
-def _save_full_state(fs: FullState, u: int, arm: str, model, opt, psgd_state, res: "LoopResult",
+def _save_full_state(fs: FullStatePolicy, u: int, arm: str, model, opt, psgd_state, res: "LoopResult",
                      rank: int, world: int) -> None:
     """Every rank's RNG and PowerSGD state to rank 0, which writes the whole state atomically."""
     mine = {"rng": fullstate.rng_state(), "powersgd": fullstate.powersgd_state(psgd_state)}
@@ -121,7 +134,7 @@ def prebuild_buckets(ddp, width: int, vocab: int) -> None:
     ddp(ids=None).backward()
 
 
-def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hook: bool = True):
+def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hook: bool = True):
     """The model with its token loss (`TokenLoss`); `single`: as is, `dense`/`powersgd`: in DDP,
     with the PowerSGD hook for the latter. The plan's hardware levers are applied here, in
     one place, and each computes the same function as the plain path. `register_hook=False`:
@@ -134,10 +147,8 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
     if h.compile:
         compile_layers(model, static_shapes=static)
     net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile, static_shapes=static)
-    if arm == "single":
+    if not arm.is_ddp:
         return net, None
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     if h.gradient_as_bucket_view:
         # Gradients that exist when DDP is built become bucket views at once; left None, the
         # first update's no_sync micro-batches would accumulate into fresh tensors beside the
@@ -152,7 +163,7 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
         prebuild_buckets(ddp, plan.data.max_doc_tokens, model.get_input_embeddings().weight.shape[0])
         ddp.zero_grad(set_to_none=False)
     state = None
-    if arm == "powersgd":
+    if arm.has_powersgd:
         p = plan.powersgd
         # a fresh GPU run pins its whole host error now (a resumed one brings its own)
         pool = sum(q.numel() for q in model.parameters() if q.requires_grad) \
@@ -167,8 +178,8 @@ def wrap_for_arm(model, arm: str, plan: Plan, device: torch.device, register_hoo
 
 
 class LimitStop(RuntimeError):
-    """The study's deadline or budget (`gradshare.limits`), or a tracking server gone past its
-    grace time (`gradshare.outbox`), stopped the arm after a whole update."""
+    """The study's deadline or budget (`gradshare.cost.limits`), or a tracking server gone past its
+    grace time (`gradshare.tracking.outbox`), stopped the arm after a whole update."""
 
 
 STOP_KINDS = (None, "deadline", "budget", "tracking")  # the all-reduced stop code is the index
@@ -190,7 +201,7 @@ def _host_inputs(plan: Plan, mbs: list[batching.MicroBatch], encoded, pad_id: in
     return out
 
 
-def _accumulate_by_count(net, arm: str, inputs: list[dict], scale: float, autocast, local, phase: list,
+def _accumulate_by_count(net, arm: Arm, inputs: list[dict], scale: float, autocast, local, phase: list,
                          where: str) -> None:
     """Micro-batches of whole documents, the last one through DDP's exchanging backward."""
     for k, x in enumerate(inputs):
@@ -198,7 +209,7 @@ def _accumulate_by_count(net, arm: str, inputs: list[dict], scale: float, autoca
         last = k == len(inputs) - 1
         # Every DDP arm, whatever its world size: without no_sync a world-1 run would
         # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
-        no_sync = net.no_sync() if (arm != "single" and not last) else contextlib.nullcontext()
+        no_sync = net.no_sync() if (arm.is_ddp and not last) else contextlib.nullcontext()
         with no_sync:
             with autocast:  # the forward only; backward runs in the ops' own dtypes
                 nll = net(x["ids"], x["att"], x["tgt"]).sum()
@@ -208,7 +219,7 @@ def _accumulate_by_count(net, arm: str, inputs: list[dict], scale: float, autoca
         local += torch.stack([nll.detach().double(), x["tgt"][:, 1:].sum().double(), x["att"].sum().double()])
 
 
-def _accumulate_packed(net, steps: StaticSteps, arm: str, mbs, inputs: list[dict], scale: float, phase: list,
+def _accumulate_packed(net, steps: StaticSteps, arm: Arm, mbs, inputs: list[dict], scale: float, phase: list,
                        where: str) -> None:
     """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate;
     then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no inputs)."""
@@ -216,18 +227,18 @@ def _accumulate_packed(net, steps: StaticSteps, arm: str, mbs, inputs: list[dict
     for k, (mb, x) in enumerate(zip(mbs, inputs)):
         phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({mb.shape[0]} rows x {mb.shape[1]} tokens)"
         steps.run(x, mb.shape)
-    if arm != "single":
+    if arm.is_ddp:
         phase[0] = f"{where}, the gradient exchange"
         net(ids=None).backward()
 
 
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
           device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
-          full_state: FullState | None = None) -> LoopResult:
+          full_state: FullStatePolicy | None = None) -> LoopResult:
     """Run every update of the schedule; `on_step(update, metrics, docs_sha)` is called on rank 0
     and may return a reason to stop after this update (`tracking: ...`), which every rank follows.
 
-    `limits` (`gradshare.limits.Limits`, rank 0's; None: no limits): after every update rank 0
+    `limits` (`gradshare.cost.limits.Limits`, rank 0's; None: no limits): after every update rank 0
     decides whether the next one may start, and every rank follows (one small all-reduce),
     so an arm stops after a whole update with `LimitStop`.
 
@@ -256,14 +267,48 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
             torch.cuda.current_stream(device).wait_stream(stream)
 
 
-def _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full_state,
-           phase) -> LoopResult:
-    s, o = plan.schedule, plan.optim
-    packed = s.micro_batch_tokens > 0
-    max_tok = schedule["max_doc_tokens"]
-    encoded = {i: encode(tokenizer, d, max_tok) for i, d in docs.items()}
-    lengths = {i: len(e[0]) for i, e in encoded.items()}
-    resume = full_state.resume if full_state else None
+@dataclass
+class _Arm:
+    """What every update of one arm's process needs, built once by `_set_up`."""
+    plan: Plan
+    arm: Arm
+    net: torch.nn.Module  # the token loss, in DDP for a DDP arm
+    model: torch.nn.Module
+    params: list
+    opt: torch.optim.Optimizer
+    psgd_state: object  # PowerSGD's state (powersgd), else None
+    steps: StaticSteps | None  # packed micro-batches' static steps, else None
+    encoded: dict
+    lengths: dict
+    pad_id: int
+    device: torch.device
+    rank: int
+    world: int
+    grads_to_none: bool
+    autocast: object
+    sync: Callable | None
+    faults: object
+    plain_bytes: int  # logical bytes of one rank's exchange: the whole gradient
+    compressed_bytes: int  # ... PowerSGD's P, Q and the tensors it leaves uncompressed
+    log: Callable
+
+
+@dataclass
+class _Update:
+    """One update's outcome on this rank."""
+    loss: float
+    grad_norm: float
+    tokens: int
+    seconds: float
+    wire_before: list
+    wire_after: list
+
+
+def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, world, resume, log) -> _Arm:
+    """The arm's model (in DDP, with its PowerSGD state), optimizer and encoded documents."""
+    packed = plan.schedule.micro_batch_tokens > 0
+    o = plan.optim
+    encoded = {i: encode(tokenizer, d, schedule["max_doc_tokens"]) for i, d in docs.items()}
     if resume:
         model.load_state_dict(resume["model"])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -276,137 +321,184 @@ def _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_
                             weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
     if resume:
         opt.load_state_dict(resume["optimizer"])
-    # Gradients that are DDP bucket views or graph inputs must stay where they are: zero them in
-    # place. Set to None, the next micro-batches would accumulate into fresh tensors beside them.
-    grads_to_none = not packed and not (arm != "single" and plan.hardware.gradient_as_bucket_view)
     shapes = [tuple(p.shape) for p in params]
-    dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
-    psgd_bytes = logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
     bf16 = plan.hardware.precision == "bf16-autocast"
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    # The main stream only: the PowerSGD error's copies back to the host may run on into the
-    # next update, where they overlap its forward.
-    sync = torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None
-    faults = F.from_env()
-    res = LoopResult()
-    slowest, last_cross = 0.0, 0.0  # for the limits: the next update as slow as the slowest so far
-    first = 1
-    inner = net.module if arm != "single" else net
     steps = None
     if packed:
+        inner = net.module if arm.is_ddp else net
         steps = StaticSteps(inner, device, torch.bfloat16 if bf16 else None, plan.hardware.cuda_graphs,
                             model.get_input_embeddings().weight.shape[0], log)
-    net.train()
-    if resume:
-        first = resume["loop"]["update"] + 1
-        for k in _TOTALS:
-            setattr(res, k, resume["loop"][k])
-        if arm != "single" and not prebuilds_buckets(plan):
-            # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
-            mine = rank_share(schedule["updates"][first - 1], rank, world)
-            mb = micro_batches(plan, mine, lengths)[0]
-            ids, att, tgt = collate([encoded[i] for i in mb.docs], tokenizer.pad_token_id, device)
-            net(ids, att, tgt).sum().backward()
-            opt.zero_grad(set_to_none=grads_to_none)
-        if psgd_state is not None:
-            fullstate.restore_powersgd_state(psgd_state, resume["ranks"][rank]["powersgd"], device=device)
-            net.register_comm_hook(psgd_state, hook_for(plan.powersgd.error_feedback, plan.powersgd.hook))
-        fullstate.set_rng_state(resume["ranks"][rank]["rng"])
-        log(f"[{arm}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
-    if steps is not None:
+    return _Arm(
+        plan=plan, arm=arm, net=net, model=model, params=params, opt=opt, psgd_state=psgd_state, steps=steps,
+        encoded=encoded, lengths={i: len(e[0]) for i, e in encoded.items()}, pad_id=tokenizer.pad_token_id,
+        device=device, rank=rank, world=world,
+        # Gradients that are DDP bucket views or graph inputs must stay where they are: zero them
+        # in place. Set to None, the next micro-batches would accumulate into fresh tensors beside them.
+        grads_to_none=not packed and not (arm.is_ddp and plan.hardware.gradient_as_bucket_view),
+        autocast=torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext(),
+        # The main stream only: the PowerSGD error's copies back to the host may run on into the
+        # next update, where they overlap its forward.
+        sync=torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None,
+        faults=F.from_env(),
+        plain_bytes=logical_bytes_per_exchange(shapes, 4, None),
+        compressed_bytes=logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate),
+        log=log)
+
+
+def _restore(a: _Arm, resume: dict, schedule: dict, res: LoopResult) -> int:
+    """Continue from a full state: the running totals, DDP's first pass (its bucket rebuild, no
+    update) before the saved PowerSGD state is registered, each rank's RNG. Returns the first
+    update to run."""
+    first = resume["loop"]["update"] + 1
+    for k in _TOTALS:
+        setattr(res, k, resume["loop"][k])
+    if a.arm.is_ddp and not prebuilds_buckets(a.plan):
+        # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
+        mine = rank_share(schedule["updates"][first - 1], a.rank, a.world)
+        mb = micro_batches(a.plan, mine, a.lengths)[0]
+        ids, att, tgt = collate([a.encoded[i] for i in mb.docs], a.pad_id, a.device)
+        a.net(ids, att, tgt).sum().backward()
+        a.opt.zero_grad(set_to_none=a.grads_to_none)
+    if a.psgd_state is not None:
+        p = a.plan.powersgd
+        fullstate.restore_powersgd_state(a.psgd_state, resume["ranks"][a.rank]["powersgd"], device=a.device)
+        a.net.register_comm_hook(a.psgd_state, hook_for(p.error_feedback, p.hook))
+    fullstate.set_rng_state(resume["ranks"][a.rank]["rng"])
+    a.log(f"[{a.arm.name}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
+    return first
+
+
+def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where: str,
+            res: LoopResult) -> _Update:
+    """One update of this rank: the learning rate; its micro-batches, the last one through the
+    update's one gradient exchange; the global loss; clip; AdamW's step; the gradients zeroed."""
+    o = a.plan.optim
+    mbs = micro_batches(a.plan, mine, a.lengths)
+    for g in a.opt.param_groups:
+        g["lr"] = _lr(a.plan, u)
+    a.faults.update_start(u, a.rank)
+    wire0 = gather(host_counters(), a.world)
+    with Clock(a.sync) as clock:
+        a.faults.during_update(a.rank)
+        inputs = _host_inputs(a.plan, mbs, a.encoded, a.pad_id, a.device)
+        if a.psgd_state is not None:  # the host error's first buckets travel during the micro-batches
+            res.error_prefetched_bytes += prefetch_errors(a.psgd_state)
+        # Sum of token losses over the global batch / its target count; DDP averages over
+        # ranks, so each rank scales by world to undo it.
+        scale = a.world / n_global
+        if a.steps is not None:
+            _accumulate_packed(a.net, a.steps, a.arm, mbs, inputs, scale, phase, where)
+            local = a.steps.local
+        else:
+            local = torch.zeros(3, dtype=torch.float64, device=a.device)  # loss sum, targets, tokens
+            _accumulate_by_count(a.net, a.arm, inputs, scale, a.autocast, local, phase, where)
+        if a.world > 1:
+            dist.all_reduce(local)
+        # Reads the loss back from the device: the step's one host sync.
+        loss_sum, n_targets, n_tokens = local.tolist()
+        if int(n_targets) != n_global:
+            raise RuntimeError(f"update {u}: counted {int(n_targets)} target tokens, "
+                               f"schedule registered {n_global}")
+        loss = a.faults.loss(u, loss_sum / n_global)
+        if not math.isfinite(loss):
+            raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {a.arm.name}")
+        phase[0] = f"{where}, the clip and the optimizer step"
+        grad_norm = torch.nn.utils.clip_grad_norm_(a.params, o.clip_norm).item()
+        if not math.isfinite(grad_norm):  # never let a non-finite gradient reach the weights
+            raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "
+                                  f"of arm {a.arm.name}")
+        a.opt.step()
+        a.opt.zero_grad(set_to_none=a.grads_to_none)
+    return _Update(loss, grad_norm, int(n_tokens), clock.seconds, wire0, gather(host_counters(), a.world))
+
+
+class _Accounts:
+    """Rank 0's books across updates: what the limits compare the next update with."""
+
+    def __init__(self):
+        self.slowest = 0.0  # the next update as slow as the slowest so far
+        self.last_cross = 0.0
+
+
+def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_docs: list[str], res: LoopResult,
+             books: _Accounts, limits, on_step, eta: float) -> tuple[str, str] | None:
+    """The update's bytes and totals on every rank; on rank 0 its metrics, the limits' decision
+    and the tracking's answer, and the progress line. Returns rank 0's reason to stop, if any."""
+    compressed = a.arm.compresses(u)
+    step_bytes = 0 if not a.arm.is_ddp else (a.compressed_bytes if compressed else a.plain_bytes)
+    res.losses.append(out.loss)
+    res.active_s += out.seconds
+    res.tokens += out.tokens
+    res.logical_bytes += step_bytes
+    if compressed or (a.arm.is_ddp and not a.arm.has_powersgd):  # upstream's figure: no warm-up exchanges
+        res.logical_bytes_post_warmup += step_bytes
+    if a.rank != 0:
+        return None
+    stop = None
+    hosts = per_host_delta(out.wire_before, out.wire_after)
+    add_into(res.wire, hosts)
+    metrics = M.step_metrics(loss=out.loss, grad_norm=out.grad_norm, lr=_lr(a.plan, u), target_tokens=n_global,
+                             step_s=out.seconds, tokens=out.tokens, world=a.world,
+                             logical_bytes=step_bytes, hosts=hosts)
+    if limits is not None:
+        books.slowest = max(books.slowest, out.seconds)
+        cross = _cross_zone_bytes(res.wire)
+        now = time.time()
+        metrics |= limits.step_metrics(now, cross) | {M.SPEND_CROSS_BYTES: cross}
+        stop = limits.check(u, now, books.slowest, cross, next_cross_bytes=cross - books.last_cross)
+        books.last_cross = cross
+    if on_step:
+        why = on_step(u, metrics, update_sha256(update_docs))
+        stop = stop or (("tracking", why) if why else None)
+    a.log(f"[{a.arm.name}] update {u:>4}/{total}  loss {out.loss:.4f}  grad_norm {out.grad_norm:.3f}  "
+          f"{out.tokens / out.seconds:,.0f} tok/s  ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    return stop
+
+
+def _agree_to_stop(a: _Arm, stop: tuple[str, str] | None, u: int) -> None:
+    """Every rank stops together after update `u`, or none does: rank 0's reason, all-reduced
+    as its index in STOP_KINDS."""
+    code = STOP_KINDS.index(stop[0] if stop else None)
+    if a.world > 1:
+        flag = torch.tensor([float(code)], device=a.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        code = int(flag.item())
+    if code:
+        kind = STOP_KINDS[code]
+        raise LimitStop(stop[1] if stop else f"{kind}: stopped together with rank 0 after update {u}")
+
+
+def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
+           full_state, phase) -> LoopResult:
+    """Set up, restore, then every update: run it, account for it, save a full state where the
+    policy says, and agree whether to stop."""
+    resume = full_state.resume if full_state else None
+    a = _set_up(plan, plan.arm(arm_name), model, tokenizer, docs, schedule, device, rank, world, resume, log)
+    res = LoopResult()
+    a.net.train()
+    first = _restore(a, resume, schedule, res) if resume else 1
+    if a.steps is not None:
         phase[0] = "start-up: compiling and capturing the micro-batch shapes"
-        steps.prepare(batching.shapes(plan.data.max_doc_tokens, s.micro_batch_tokens))
-        opt.zero_grad(set_to_none=False)  # what the made-up start-up batches accumulated
-        res.graphs = {"shapes": len(steps.buffers), "captured": len(steps.graphs), "failed": steps.failed}
+        a.steps.prepare(batching.shapes(plan.data.max_doc_tokens, plan.schedule.micro_batch_tokens))
+        a.opt.zero_grad(set_to_none=False)  # what the made-up start-up batches accumulated
+        res.graphs = {"shapes": len(a.steps.buffers), "captured": len(a.steps.graphs), "failed": a.steps.failed}
+    books, total = _Accounts(), len(schedule["updates"])
     t_start = time.perf_counter()
     for u, update_docs in enumerate(schedule["updates"], start=1):
         if u < first:
             continue  # done before the full state this run resumed from
         if update_sha256(update_docs) != schedule["update_sha256"][u - 1]:
             raise RuntimeError(f"schedule entry {u} does not match its registered hash")
-        where = f"update {u} of {len(schedule['updates'])}"
+        where = f"update {u} of {total}"
         phase[0] = where
         n_global = schedule["target_tokens"][u - 1]
-        mine = rank_share(update_docs, rank, world)
-        mbs = micro_batches(plan, mine, lengths)
-        for g in opt.param_groups:
-            g["lr"] = _lr(plan, u)
-        faults.update_start(u, rank)
-        wire0 = gather(host_counters(), world)
+        out = _update(a, u, rank_share(update_docs, rank, world), n_global, phase, where, res)
         if u == first:
-            res.wire_first = wire0  # where the startup phase ends (metering)
-        with Clock(sync) as clock:
-            faults.during_update(rank)
-            inputs = _host_inputs(plan, mbs, encoded, tokenizer.pad_token_id, device)
-            if psgd_state is not None:  # the host error's first buckets travel during the micro-batches
-                res.error_prefetched_bytes += prefetch_errors(psgd_state)
-            # Sum of token losses over the global batch / its target count; DDP averages over
-            # ranks, so each rank scales by world to undo it.
-            scale = world / n_global
-            if steps is not None:
-                _accumulate_packed(net, steps, arm, mbs, inputs, scale, phase, where)
-                local = steps.local
-            else:
-                local = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, targets, tokens
-                _accumulate_by_count(net, arm, inputs, scale, autocast, local, phase, where)
-            if world > 1:
-                dist.all_reduce(local)
-            # Reads the loss back from the device: the step's one host sync.
-            loss_sum, n_targets, n_tokens = local.tolist()
-            if int(n_targets) != n_global:
-                raise RuntimeError(f"update {u}: counted {int(n_targets)} target tokens, "
-                                   f"schedule registered {n_global}")
-            loss = loss_sum / n_global
-            loss = faults.loss(u, loss)
-            if not math.isfinite(loss):
-                raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {arm}")
-            phase[0] = f"{where}, the clip and the optimizer step"
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, o.clip_norm).item()
-            if not math.isfinite(grad_norm):  # never let a non-finite gradient reach the weights
-                raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "
-                                      f"of arm {arm}")
-            opt.step()
-            opt.zero_grad(set_to_none=grads_to_none)
-        wire1 = gather(host_counters(), world)
-        compressed = arm == "powersgd" and u > plan.powersgd.warmup_updates
-        step_bytes = 0 if arm == "single" else (psgd_bytes if compressed else dense_bytes)
-        res.losses.append(loss)
-        res.active_s += clock.seconds
-        res.tokens += int(n_tokens)
-        res.logical_bytes += step_bytes
-        if compressed or arm == "dense":  # upstream's figure: no warm-up exchanges
-            res.logical_bytes_post_warmup += step_bytes
-        stop = None
-        if rank == 0:
-            hosts = per_host_delta(wire0, wire1)
-            add_into(res.wire, hosts)
-            metrics = M.step_metrics(loss=loss, grad_norm=grad_norm, lr=_lr(plan, u), target_tokens=n_global,
-                                     step_s=clock.seconds, tokens=n_tokens, world=world,
-                                     logical_bytes=step_bytes, hosts=hosts)
-            if limits is not None:
-                slowest = max(slowest, clock.seconds)
-                cross = _cross_zone_bytes(res.wire)
-                now = time.time()
-                metrics |= limits.step_metrics(now, cross) | {M.SPEND_CROSS_BYTES: cross}
-                stop = limits.check(u, now, slowest, cross, next_cross_bytes=cross - last_cross)
-                last_cross = cross
-            if on_step:
-                why = on_step(u, metrics, update_sha256(update_docs))
-                stop = stop or (("tracking", why) if why else None)
-            elapsed = time.perf_counter() - t_start
-            eta = elapsed / (u - first + 1) * (len(schedule["updates"]) - u)
-            log(f"[{arm}] update {u:>4}/{len(schedule['updates'])}  loss {loss:.4f}  "
-                f"grad_norm {grad_norm:.3f}  {n_tokens / clock.seconds:,.0f} tok/s  "
-                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
-        if full_state and full_state.every and u % full_state.every == 0 and u < len(schedule["updates"]):
-            _save_full_state(full_state, u, arm, model, opt, psgd_state, res, rank, world)
-        code = STOP_KINDS.index(stop[0] if stop else None)
-        if world > 1:  # every rank stops together, or none does
-            flag = torch.tensor([float(code)], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            code = int(flag.item())
-        if code:
-            kind = STOP_KINDS[code]
-            raise LimitStop(stop[1] if stop else f"{kind}: stopped together with rank 0 after update {u}")
-    res.hook_passes = psgd_state.iter if psgd_state is not None else None
+            res.wire_first = out.wire_before  # where the startup phase ends (metering)
+        eta = (time.perf_counter() - t_start) / (u - first + 1) * (total - u)
+        stop = _account(a, u, total, out, n_global, update_docs, res, books, limits, on_step, eta)
+        if full_state and full_state.saves_after(u, total):
+            _save_full_state(full_state, u, a.arm.name, model, a.opt, a.psgd_state, res, rank, world)
+        _agree_to_stop(a, stop, u)
+    res.hook_passes = a.psgd_state.iter if a.psgd_state is not None else None
     return res

@@ -11,7 +11,7 @@ here only the bucket currently being exchanged has a transient device copy.
                                 error_feedback="fp32-host", min_compression_rate=2.0, seed=0)
     ddp_model.register_comm_hook(state, hook_for("fp32-host"))
 
-`gradshare.wire.logical_bytes_per_exchange` gives the per-rank payload that the study reports
+`gradshare.cost.volume.logical_bytes_per_exchange` gives the per-rank payload that the study reports
 as communication volume.
 """
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
@@ -262,7 +262,7 @@ def _cholesky_qr2(x: torch.Tensor) -> None:
     keeps the factorisation finite for a rank-deficient X; the second pass, on columns that are
     already nearly orthonormal, needs only 1e-7 and restores orthogonality to about 1e-6. For full-rank X this is QR's Q up to column signs; for a
     rank-deficient X the deficient columns come out near zero, where Householder QR makes
-    them arbitrary orthonormal directions: there the two differ (tests/test_fast_path.py).
+    them arbitrary orthonormal directions: there the two differ (tests/unit/train/test_fast_path.py).
     """
     for shift in (1e-5, 1e-7):
         gram = torch.bmm(x.transpose(1, 2), x)

@@ -3,7 +3,7 @@ summary, the schedule's per-update hashes, the final checkpoint and the run's en
 
 Recorded here, not by the driver that launched the workers, so that a launcher that dies
 after training (a `kill -9`, a closed terminal) costs nothing: the arm still ends FINISHED.
-The checkpoint is written straight into the run's outbox (`gradshare.outbox`): the weights
+The checkpoint is written straight into the run's outbox (`gradshare.tracking.outbox`): the weights
 are on local disk before any upload, and stay there until the store has them. Where the
 artifact store refuses them (full, read-only, a quota), the arm keeps everything there and
 says so in one line; `gradshare upload <outbox>/<run id>` completes it FINISHED later. The
@@ -16,17 +16,19 @@ import os
 import time
 from pathlib import Path
 
-from gradshare import metering
-from gradshare import metrics as M
-from gradshare import tracking as T
-from gradshare.hashing import sha256_text
-from gradshare.orphans import process_tags
-from gradshare.outbox import Outbox
+from gradshare.contract import metrics as M
+from gradshare.contract.errors import StudyError
+from gradshare.contract.tags import CKPT_SHA, FAILURE, SCHEDULE_SHA
+from gradshare.hosts import metering
+from gradshare.tracking import connection
+from gradshare.tracking.orphans import process_tags
+from gradshare.tracking.outbox import Outbox
+from gradshare.util.hashing import sha256_text
 
 CHECKPOINT = "checkpoint"  # the artifact path, and the folder in the run's outbox
 
 
-class StoreRefused(T.StudyError):
+class StoreRefused(StudyError):
     """The artifact store refused the trained checkpoint; the weights wait in the outbox."""
 
 
@@ -45,8 +47,8 @@ def record(box: Outbox, summary: dict, ckpt: Path, log) -> None:
     box.tags(process_tags())
     box.metrics(summary["metrics"])
     box.text("\n".join(summary["update_sha256"]) + "\n", "schedule/update_sha256.txt")
-    box.tags({"gradshare.schedule_sha256": sha256_text("\n".join(summary["update_sha256"])),
-              T.CKPT_SHA: summary["checkpoint_sha256"]})
+    box.tags({SCHEDULE_SHA: sha256_text("\n".join(summary["update_sha256"])),
+              CKPT_SHA: summary["checkpoint_sha256"]})
     box.text(json.dumps({"hosts": summary["hosts"], "losses": summary["losses"]}, indent=2),
              "train_summary.json")
     before, t0 = metering.host_counters(), time.perf_counter()
@@ -61,7 +63,7 @@ def record(box: Outbox, summary: dict, ckpt: Path, log) -> None:
     box.end("FINISHED")
     if refused is not None:
         size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
-        reason = (f"the artifact store refused the trained checkpoint ({T.one_line(refused)}); every update "
+        reason = (f"the artifact store refused the trained checkpoint ({connection.one_line(refused)}); every update "
                   f"is done and the weights ({size:,} bytes) are kept in {box.dir}: make room in the store, "
                   f"then `gradshare upload {box.dir}` completes the arm FINISHED")
         _show_refused(box.run_id, reason)
@@ -74,8 +76,8 @@ def _show_refused(run_id: str, reason: str) -> None:
     """The run, on the server that still answers, FAILED with the reason until the upload
     (whose journaled end makes it FINISHED and drops the reason)."""
     try:
-        c = T.client()
-        c.set_tag(run_id, T.FAILURE, reason)
+        c = connection.client()
+        c.set_tag(run_id, FAILURE, reason)
         c.set_terminated(run_id, "FAILED")
     except Exception:  # noqa: BLE001 - the journal holds the arm's end either way
         pass

@@ -8,7 +8,7 @@
 `W` holds the verified train inputs (plan.json, schedule.json, data/, tokenizer/,
 seed_model/). Only rank 0 talks to MLflow (run `R`); the other ranks send what must
 be logged (their host's wire bytes) to rank 0 through the process group; rank 0 records
-through the run's outbox (`gradshare.outbox`), so a lost server stalls no update. Any rank
+through the run's outbox (`gradshare.tracking.outbox`), so a lost server stalls no update. Any rank
 that fails writes `failure.rank<N>.txt` in `W` for the driver to report.
 """
 from __future__ import annotations
@@ -18,15 +18,42 @@ import json
 import os
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+
+from gradshare.contract import metrics as M
+from gradshare.cost.limits import Limits
+from gradshare.data.tokenizer import load_tokenizer
+from gradshare.hosts.metering import (
+    gather,
+    host_counters,
+    ordered_labels,
+    phase_lines,
+    phases,
+)
+from gradshare.model.lm import save_model, seed_model
+from gradshare.tracking.outbox import Outbox, ServerLost
+from gradshare.train import env, fullstate
+from gradshare.train import faults as F
+from gradshare.train import workdir as workdir_files
+from gradshare.train.loop import FullStatePolicy, LimitStop, train
+from gradshare.train.memory import DeviceMemoryError, cap_device_memory
+from gradshare.train.replicas import ReplicaMismatch, check_agree
+from gradshare.train.result import StoreRefused, checkpoint_dir, record
+from gradshare.util.hashing import checkpoint_sha256, file_entries
+from gradshare.util.jsonio import read_jsonl
+from gradshare.util.sources import set_determinism
+
+# Lazy imports: accelerate, torch inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 STARTED_AT = time.time()  # this process's first line after the interpreter and torch (phase `launch`)
 
 
 def _load_docs(workdir: Path) -> dict[str, dict]:
-    from gradshare.hashing import read_jsonl
 
     docs = {}
     for name in ("data/train_tasks.jsonl", "data/replay.jsonl"):
@@ -36,29 +63,15 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
 
 
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
-    from datetime import timedelta
 
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    from gradshare import faults as F
-    from gradshare import metrics as M
-    from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.hashing import checkpoint_sha256, file_entries
-    from gradshare.metering import gather, host_counters, ordered_labels, phase_lines, phases
-    from gradshare.model import save_model, seed_model
-    from gradshare.plan import plan_from_dict
-    from gradshare.sources import set_determinism
-    from gradshare.train.loop import train
-    from gradshare.train.memory import cap_device_memory
-    from gradshare.train import env
-    from gradshare.train.replicas import check_agree
 
     t_wall = time.perf_counter()
     faults = F.from_env()
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
-    plan = plan_from_dict({k: v for k, v in json.loads((workdir / "plan.json").read_text()).items()
-                           if k != "plan_sha256"})
+    plan = workdir_files.read_plan(workdir)  # refused where it no longer hashes to its plan_sha256
     if plan.hardware.threads_per_process > 0:  # the launcher set OMP's; torch's own pool too
         torch.set_num_threads(plan.hardware.threads_per_process)
     # A rank waits for its peers at most as long as the launcher waits for the arm: a dead or
@@ -92,12 +105,11 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # a model's own tokenizer with our chat markers added: room for them in the embedding
         model.resize_token_embeddings(len(tokenizer))
-    schedule = json.loads((workdir / "schedule.json").read_text())
+    schedule = json.loads((workdir / workdir_files.SCHEDULE).read_text())
     docs = _load_docs(workdir)
 
     box = None  # rank 0's records, through the outbox: a lost server stalls no update
     if rank == 0 and run_id:
-        from gradshare.outbox import Outbox, ServerLost
 
         box = Outbox(run_id, plan.arms.tracking_grace_s, background=True)
 
@@ -117,7 +129,6 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         return None
 
     log = print if rank == 0 else (lambda *a, **k: None)
-    from gradshare.limits import Limits
 
     limits = Limits.read(workdir) if rank == 0 else None  # rank 0 decides; the others follow it
     full = _full_state(workdir, world, rank, box, log)
@@ -142,7 +153,6 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
                    if device.type == "cuda" else None, world)  # each rank's, against the plan's cap
     before_ckpt = gather(host_counters(), world)
     if rank == 0:
-        from gradshare.train.result import checkpoint_dir
 
         t0 = time.perf_counter()
         # into the run's outbox: on local disk before any upload, kept until the store has it
@@ -168,9 +178,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
                 log(f"[{arm}] rank {r}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
         result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
                   "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
-        (workdir / "summary.json").write_text(json.dumps(result, indent=1))
+        (workdir / workdir_files.SUMMARY).write_text(json.dumps(result, indent=1))
         if box is not None:
-            from gradshare.train.result import record
 
             box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
             record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
@@ -180,11 +189,9 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 def _full_state(workdir: Path, world: int, rank: int, box, log):
     """The arm's full-state settings (`fullstate.json` from the driver) and, to resume, the
     state the driver verified into `resume/` (verified again here: nothing unchecked loads)."""
-    from gradshare import metrics as M
-    from gradshare.train import fullstate
-    from gradshare.train.loop import FullState
 
-    cfg = json.loads((workdir / "fullstate.json").read_text()) if (workdir / "fullstate.json").exists() else {}
+    policy = workdir / workdir_files.FULL_STATE_POLICY
+    cfg = json.loads(policy.read_text()) if policy.exists() else {}
     resume = fullstate.load(workdir / "resume", world) if (workdir / "resume").exists() else None
 
     def on_saved(path: Path, manifest: dict) -> None:
@@ -199,7 +206,7 @@ def _full_state(workdir: Path, world: int, rank: int, box, log):
 
     if resume and box is not None:
         box.metrics({M.FULL_STATE_LOAD_S: resume["load_s"]}, step=resume["loop"]["update"])
-    return FullState(every=int(cfg.get("every", 0)), root=workdir / "full_state",
+    return FullStatePolicy(every=int(cfg.get("every", 0)), root=workdir / workdir_files.FULL_STATES,
                      on_saved=on_saved if rank == 0 else None, resume=resume)
 
 
@@ -214,11 +221,6 @@ def main(argv=None) -> None:
     try:
         run(workdir, args.arm, args.run_id or None)
     except BaseException as exc:
-        from gradshare.train.loop import LimitStop
-        from gradshare.train.memory import DeviceMemoryError
-        from gradshare.outbox import ServerLost
-        from gradshare.train.replicas import ReplicaMismatch
-        from gradshare.train.result import StoreRefused
 
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
         if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch)):  # `deadline: ...`, `out of device memory ...`

@@ -1,0 +1,43 @@
+"""The `gradshare` command: each step of the study, as the MLproject entry points run it.
+
+    gradshare prepare --study gradshare-tiny [--profile full] [--concern.field VALUE ...]
+    gradshare train --study gradshare-tiny --arm dense
+    gradshare commit|score|analyze --study gradshare-tiny
+    gradshare study --study gradshare-tiny --new-study true
+    gradshare project [--study gradshare-tiny]      # speed and dollars on the study's hosts, 2-64 hosts
+    gradshare guard --study gradshare-full          # stop the plan's EC2 instances at the deadline
+    gradshare server [--profile full]               # the tracking server, artifacts where the plan says
+    gradshare upload [gradshare-outbox/<run id>]    # what arms kept while the tracking server was gone
+"""
+from __future__ import annotations
+
+import sys
+
+from entrypoints import (
+    analyze,
+    commit,
+    guard,
+    prepare,
+    project,
+    score,
+    server,
+    study,
+    train,
+    upload,
+)
+
+COMMANDS = {"prepare": prepare.main, "train": train.main, "commit": commit.main, "score": score.main,
+            "analyze": analyze.main, "study": study.main, "project": project.main, "guard": guard.main,
+            "server": server.main, "upload": upload.main}
+
+
+def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

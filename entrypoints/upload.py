@@ -1,0 +1,50 @@
+"""An arm's records on local disk until the tracking server has them: nothing is lost when
+the server goes away in the middle of an arm.
+
+Everything an arm records (each update's metrics, parameters, tags, full states, the
+summary and checkpoint, the run's end) goes through an `Outbox`. A record is appended to
+the run's journal first (`<outbox>/<run id>/journal.jsonl`, one JSON line each, flushed
+to disk), then sent. While the server does not answer, records wait in the journal and
+training goes on; when it answers again they are sent in order, with the times they were
+made. A server gone longer than the plan's `arms.tracking_grace_s` ends the arm after a
+whole update (`ServerLost`): the journal then holds everything, files copied beside it,
+and a documented command delivers it later:
+
+    gradshare upload                          # every journal under ./gradshare-outbox
+    gradshare upload gradshare-outbox/<run id> [--tracking-uri http://host:5000]
+
+The outbox directory is `$GRADSHARE_OUTBOX`, else `gradshare-outbox` in the working
+directory. A record is sent at most once: `delivered` counts the journal lines the server
+has, and moves only after the server said yes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import mlflow  # upload is the one command that exists to talk to the tracking server
+
+from gradshare.tracking.connection import DEFAULT_URI, check_reachable
+from gradshare.tracking.outbox import ENV, root, upload
+
+
+def main(argv=None) -> None:
+    """`gradshare upload [DIR ...]`: deliver what arms kept while the tracking server was gone."""
+    ap = argparse.ArgumentParser(prog="gradshare upload", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="*", help=f"outbox or run directories (default: ${ENV} or ./gradshare-outbox)")
+    ap.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    args = ap.parse_args(argv)
+
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    mlflow.set_tracking_uri(uri)
+    check_reachable(uri)
+    paths = [Path(p) for p in args.paths] or [root()]
+    if not any(p.exists() for p in paths):
+        raise SystemExit(f"[gradshare] upload: nothing at {', '.join(map(str, paths))}: no arm kept records here")
+    raise SystemExit(1 if upload(paths) else 0)
+
+
+if __name__ == "__main__":
+    main()

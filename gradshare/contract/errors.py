@@ -1,0 +1,12 @@
+"""The errors a user can act on: a step's one-line reason, and a refusal that costs nothing."""
+from __future__ import annotations
+
+
+class StudyError(RuntimeError):
+    """A failure a user can act on: the message says what was wrong and what to do."""
+
+
+class Refusal(StudyError):
+    """The step was refused before it did any work (already done, committed, not allowed):
+    its run ends KILLED (a failure ends FAILED), tagged `gradshare.refusal=true` with the reason
+    in `gradshare.failure_reason`, and is not an attempt of anything."""

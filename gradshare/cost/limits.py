@@ -1,0 +1,250 @@
+"""The study's deadline and budget, enforced: before an arm starts and at every update.
+
+    limits = before_arm(study, prep, plan, arm)   # driver: refuses (`deadline: ...`/`budget: ...`)
+    limits.write(workdir)                         # ... and hands the figures to the workers
+    limits = Limits.read(workdir)                 # worker, rank 0, after each update:
+    stop = limits.check(update, now, next_update_s, cross_zone_bytes)   # None or (kind, reason)
+
+The study's clock starts when prepare starts (`study_start_epoch_s`, a parameter of the
+prepare run); its deadline is `infra.deadline_hours` later. Spend is what the arms' hosts
+cost: each train attempt's hosts x its wall seconds x the host price, plus the cross-zone
+bytes its hosts measured (sent and received, each direction billed) x
+`infra.cross_zone_usd_per_gb`. "Faster execution with more total GPU time is not a cost
+reduction" (the plan): spend counts every second a host is held, start-up and checkpoint
+included, not only the active updates.
+
+Before an arm, its duration is projected from the measured rate of a finished arm with the
+same number of processes (its median seconds per update and its start-up plus checkpoint
+seconds), else from the plan (`arms.expected_update_s`, `arms.expected_startup_s`); an arm
+whose projected end passes the deadline, or whose projected cost passes the bound, is
+refused with the figures. During the arm, after every update, rank 0 checks whether the
+next update (as long as the slowest so far) would end past the deadline or push the
+spend past the bound; if so every rank stops after the whole update it finished, and the
+run ends FAILED with reason `deadline: ...` or `budget: ...`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from gradshare.contract import metrics as M
+from gradshare.contract.errors import Refusal
+from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
+from gradshare.cost.accounting import host_price
+from gradshare.cost.volume import GB, cross_zone_bytes, logical_bytes_per_exchange
+from gradshare.model.lm import (  # torch: here only, the launcher loads none
+    MODEL_SHAPES,
+    parameter_shapes,  # torch and transformers: only where no shapes are given
+)
+from gradshare.tracking import connection, study_runs
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+START_PARAM = "study_start_epoch_s"
+FILE = "limits.json"
+
+
+def _utc(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class Limits:
+    start_epoch: float
+    deadline_epoch: float
+    budget_usd: float
+    spent_before_usd: float
+    """What earlier attempts of every arm cost."""
+    usd_per_s: float
+    """This arm's hosts x price per host-hour / 3600."""
+    cross_usd_per_byte: float
+    """0 where this arm's hosts share a zone."""
+    arm_start_epoch: float
+    updates: int
+
+    # -- during an arm -----------------------------------------------------------------
+    def spend(self, now: float, cross_bytes: float) -> float:
+        return (self.spent_before_usd + (now - self.arm_start_epoch) * self.usd_per_s
+                + cross_bytes * self.cross_usd_per_byte)
+
+    def check(self, update: int, now: float, next_s: float, cross_bytes: float,
+              next_cross_bytes: float = 0.0) -> tuple[str, str] | None:
+        """Whether to stop after `update`: ("deadline"|"budget", reason) or None."""
+        if update >= self.updates:
+            return None  # the last update is done: nothing more to start
+        end = now + next_s
+        left = f"stopped after update {update} of {self.updates}"
+        if end > self.deadline_epoch:
+            return "deadline", (
+                f"deadline: the next update ({next_s:.1f} s, the slowest so far) would end at {_utc(end)}, "
+                f"past the study's deadline {_utc(self.deadline_epoch)} (start {_utc(self.start_epoch)} + "
+                f"{(self.deadline_epoch - self.start_epoch) / 3600:g} h); {left}")
+        now_usd = self.spend(now, cross_bytes)
+        next_usd = self.spend(end, cross_bytes + next_cross_bytes)
+        if next_usd > self.budget_usd:
+            return "budget", (
+                f"budget: spend so far ${now_usd:.4f} (earlier attempts ${self.spent_before_usd:.4f}, this "
+                f"arm's hosts ${(now - self.arm_start_epoch) * self.usd_per_s:.4f}, its cross-zone "
+                f"{cross_bytes / GB:.3f} GB ${cross_bytes * self.cross_usd_per_byte:.4f}); with the next "
+                f"update ${next_usd:.4f}, past the ${self.budget_usd:g} bound; {left}")
+        return None
+
+    def step_metrics(self, now: float, cross_bytes: float) -> dict:
+        return {M.SPEND_USD: self.spend(now, cross_bytes), M.STUDY_HOURS: (now - self.start_epoch) / 3600}
+
+    # -- hand-over from the driver to the workers ----------------------------------------
+    def write(self, workdir: Path) -> None:
+        (Path(workdir) / FILE).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, workdir: Path) -> "Limits | None":
+        path = Path(workdir) / FILE
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+    def started_now(self, now: float | None = None) -> "Limits":
+
+        return replace(self, arm_start_epoch=time.time() if now is None else now)
+
+
+# --- before an arm --------------------------------------------------------------------------
+
+def study_start(prep) -> float:
+    """When the study started: prepare's recorded start, or its run's start for older studies."""
+    value = prep.data.params.get(START_PARAM)
+    return float(value) if value else prep.info.start_time / 1000
+
+
+def crosses_zones(plan, arm: str) -> bool:
+    return plan.arms.processes(arm) > 1 and len(set(plan.infra.zones[:plan.arms.processes(arm)])) > 1
+
+
+
+def run_spend(plan, run) -> float:
+    """What one train attempt cost: its hosts over its wall time, and its measured cross-zone bytes."""
+    arm = run.data.tags.get(ARM, "")
+    hosts = plan.arms.processes(arm) if arm in plan.arms.names else 1
+    end = (run.info.end_time or time.time() * 1000) / 1000
+    seconds = max(end - run.info.start_time / 1000, 0.0)
+    m = run.data.metrics
+    cross = 0.0
+    if crosses_zones(plan, arm):
+        for j in range(hosts):
+            if M.host_wire_tx_total(j) in m:
+                cross += m[M.host_wire_tx_total(j)] + m[M.host_wire_rx_total(j)]
+        if not cross and M.SPEND_CROSS_BYTES in m:  # stopped before its summary: the last running figure
+            cross = m[M.SPEND_CROSS_BYTES]
+    return seconds * hosts * host_price(plan) / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
+
+
+def spent(study: str, plan, exclude_run_id: str | None = None) -> float:
+    """Spend of every train attempt so far (refusals cost nothing: they never held a host)."""
+    total = 0.0
+    for run in study_runs.search(study, "train"):
+        if run.info.run_id == exclude_run_id or run.data.tags.get(REFUSAL) == "true":
+            continue
+        if ATTEMPT not in run.data.tags:
+            continue  # an unavailable arm's record, or a launcher that never started workers
+        total += run_spend(plan, run)
+    return total
+
+
+def measured_startup_s(run) -> float | None:
+    """A finished arm's seconds beyond its updates, as measured: the worker's wall time less its
+    updates (process group, model init or load, compile, checkpoint write), plus the launch and
+    the checkpoint's upload where its phases were recorded (`metrics.PHASES`)."""
+    m = run.data.metrics
+    if M.WALL_S not in m:
+        return None
+    extra = sum(m.get(M.phase_s(p), 0.0) for p in ("launch", "checkpoint_upload"))
+    return max(m[M.WALL_S] - m.get(M.ACTIVE_S, 0.0), 0.0) + extra
+
+
+def expected_arm(study: str, plan, arm: str) -> dict:
+    """Projected seconds of the arm: a finished arm's measured rate where one with as many
+    processes exists; else the plan's update seconds, with the start-up measured on any
+    finished arm of the study (a model's init, compile and checkpoint do not depend on the
+    number of processes) or, before any, the plan's."""
+    n = plan.arms.processes(arm)
+    startup = None
+    for other in plan.arms.names:
+        for run in study_runs.search(study, "train", other, status="FINISHED"):
+            measured = measured_startup_s(run)
+            if measured is None:
+                continue
+            hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
+            if plan.arms.processes(other) == n and hist:
+                return {"update_s": statistics.median(hist), "startup_s": measured,
+                        "source": f"measured on arm {other}"}
+            startup = startup or (measured, other)
+    if startup is not None:
+        return {"update_s": plan.arms.expected_update_s, "startup_s": startup[0],
+                "source": f"the plan's arms.expected_update_s; start-up and checkpoint measured on arm {startup[1]}"}
+    return {"update_s": plan.arms.expected_update_s, "startup_s": plan.arms.expected_startup_s,
+            "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
+
+
+def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
+    """The model's trainable parameter shapes as prepare recorded them (`model_shapes.json`); a
+    study prepared before they were recorded has them built on the meta device (about 5 s)."""
+    from mlflow.exceptions import MlflowException
+
+
+    try:
+        recorded = json.loads(study_runs.download(prep.info.run_id, MODEL_SHAPES).read_text())
+    except (MlflowException, OSError):
+        return parameter_shapes(plan)
+    return [tuple(s) for s in recorded["shapes"]]
+
+
+def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = None) -> float:
+    """Cross-zone bytes of the arm's hosts, sent plus received, from its logical volume (the
+    model's parameter `shapes`, built from the plan where not given)."""
+    if not crosses_zones(plan, arm):
+        return 0.0
+    if shapes is None:
+        shapes = parameter_shapes(plan)
+    p = plan.powersgd
+    dense = logical_bytes_per_exchange(shapes, 4, None)
+    compressed = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
+    kind = plan.arm(arm)
+    per_update = [compressed if kind.compresses(u) else dense for u in range(1, plan.schedule.updates + 1)]
+    return cross_zone_bytes(sum(per_update), plan.arms.processes(arm))
+
+
+def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
+               updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
+    """Refuse an arm that would pass the deadline or the bound; else the figures for its workers.
+    A resumed arm projects only its `updates_left`, and its earlier part is `extra_spent`."""
+    now = time.time() if now is None else now
+    start = study_start(prep)
+    deadline = start + plan.infra.deadline_hours * 3600
+    hosts = plan.arms.processes(arm)
+    usd_per_s = hosts * host_price(plan) / 3600
+    cross_rate = plan.infra.cross_zone_usd_per_gb / GB if crosses_zones(plan, arm) else 0.0
+    before = spent(study, plan, exclude_run_id=own_run_id) + extra_spent
+    exp = expected_arm(study, plan, arm)
+    left = plan.schedule.updates if updates_left is None else updates_left
+    seconds = exp["startup_s"] + left * exp["update_s"]
+    cross = (expected_cross_bytes(plan, arm, prepared_shapes(prep, plan)) * left / plan.schedule.updates
+             if crosses_zones(plan, arm) else 0.0)
+    cost = seconds * usd_per_s + cross * cross_rate
+    how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
+           f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")
+    if now + seconds > deadline:
+        raise Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
+                        f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "
+                        f"not started")
+    if before + cost > plan.infra.budget_usd:
+        raise Refusal(f"budget: arm {arm} would cost ${cost:.4f} ({hosts} host(s) x {seconds:.0f} s x "
+                        f"${host_price(plan):g}/h + {cross / GB:.3f} GB cross-zone x "
+                        f"${plan.infra.cross_zone_usd_per_gb:g}/GB; {how}) on top of ${before:.4f} spent: "
+                        f"${before + cost:.4f}, past the ${plan.infra.budget_usd:g} bound; not started")
+    return Limits(start_epoch=start, deadline_epoch=deadline, budget_usd=plan.infra.budget_usd,
+                  spent_before_usd=before, usd_per_s=usd_per_s, cross_usd_per_byte=cross_rate,
+                  arm_start_epoch=now, updates=plan.schedule.updates)

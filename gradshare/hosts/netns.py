@@ -1,0 +1,268 @@
+"""Two emulated hosts on one machine: two network namespaces joined by a rate-limited link.
+
+    from gradshare.hosts.netns import two_hosts
+    with two_hosts(rate_mbit=22) as hosts:           # root, `ip` and `tc` needed
+        hosts.bridge(5000)                            # 127.0.0.1:5000 of both hosts -> this one's
+        subprocess.run(hosts.exec(0) + ["python", ...], env={**os.environ, **hosts.env})
+
+Host i lives in namespace `hosts.ns[i]`; its one interface `gslink` carries
+`hosts.addr[i]` (198.18.0.1 and 198.18.0.2, from 198.18.0.0/15, the range set aside for
+benchmarking: nothing is ever addressed outside it) and is shaped in its sending
+direction by a `tbf` qdisc at the link rate, so each direction of the link carries at most
+`rate_mbit`. Latency is not emulated (`netem` is not available on these machines).
+
+Names carry the maker's pid and a random tag, so parallel uses never collide; everything is torn down when
+the `with` block ends, by an exception too: the processes still inside the namespaces are
+killed (by pid), the namespaces deleted (which deletes the veth pair).
+
+The tracking server stays where it is (127.0.0.1 of the namespace that runs this code):
+`bridge(port)` listens on 127.0.0.1:port inside each namespace and forwards every
+connection to 127.0.0.1:port here, so the same tracking URI works on both hosts. Its bytes
+are the hosts' loopback bytes, never the link's: the link carries only what the ranks
+exchange.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NETWORK = "198.18.0.0/30"
+ADDRS = ("198.18.0.1", "198.18.0.2")
+IFNAME = "gslink"  # the link's interface, same name inside both namespaces
+_CLONE_NEWNET = 0x40000000
+_NETNS_DIR = Path("/var/run/netns")
+
+
+def unavailable() -> str | None:
+    """Why two namespaces cannot be made here, or None where they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (this process is not root)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (iproute2)"
+    probe = f"gradshare-probe-{secrets.token_hex(3)}"
+    made = _run(["ip", "netns", "add", probe], check=False)
+    if made.returncode != 0:
+        return f"`ip netns add` failed: {made.stderr.strip()}"
+    _run(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    """Run the block's socket calls in namespace `name` (this thread only): sockets made
+    inside stay there after the block."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(_NETNS_DIR / name, os.O_RDONLY)
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {name}")
+        try:
+            yield
+        finally:
+            if libc.setns(home, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back home")
+    finally:
+        os.close(home)
+        os.close(target)
+
+
+@dataclass
+class TwoHosts:
+    tag: str
+    rate_mbit: float
+    ns: tuple[str, str] = ()
+    addr: tuple[str, str] = ADDRS
+    _servers: list = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for processes on either host: gloo binds the link's interface
+        (the machine's host name resolves to an address no namespace has)."""
+        return {"GLOO_SOCKET_IFNAME": IFNAME}
+
+    def exec(self, i: int) -> list[str]:
+        """Prefix that runs a command on host i."""
+        return ["ip", "netns", "exec", self.ns[i]]
+
+    def counters(self, i: int) -> tuple[int, int]:
+        """(rx, tx) bytes of host i's link interface."""
+        out = _run(self.exec(i) + ["cat", f"/sys/class/net/{IFNAME}/statistics/rx_bytes",
+                                   f"/sys/class/net/{IFNAME}/statistics/tx_bytes"]).stdout.split()
+        return int(out[0]), int(out[1])
+
+    def bridge(self, port: int) -> None:
+        """127.0.0.1:port in both namespaces forwards to 127.0.0.1:port of this process's
+        namespace (for the tracking server); lives until the hosts are torn down."""
+        for name in self.ns:
+            with in_netns(name):
+                srv = socket.socket()
+                srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                srv.bind(("127.0.0.1", port))
+                srv.listen(64)
+            self._servers.append(srv)
+            threading.Thread(target=_accept_loop, args=(srv, port), daemon=True).start()
+
+    def close(self) -> None:
+        for srv in self._servers:
+            with contextlib.suppress(OSError):
+                srv.close()
+        for name in self.ns:
+            _kill_inside(name)
+            _run(["ip", "netns", "del", name], check=False)
+        for side in "ab":  # a veth left in this namespace by a set-up that failed half-way
+            if Path(f"/sys/class/net/gs{self.tag}{side}").exists():
+                _run(["ip", "link", "del", f"gs{self.tag}{side}"], check=False)
+
+
+def _accept_loop(srv: socket.socket, port: int) -> None:
+    while True:
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return  # closed at teardown
+        try:
+            up = socket.create_connection(("127.0.0.1", port))
+        except OSError:
+            conn.close()
+            continue
+        for a, b in ((conn, up), (up, conn)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(1 << 16):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _kill_inside(name: str) -> None:
+    """End every process still in namespace `name` (only this module's users put any there)."""
+    pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), sig)
+        if sig == signal.SIGTERM and pids:
+            time.sleep(1)
+            pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
+
+
+def shape(ns: str, rate_mbit: float) -> None:
+    """Limit what `ns` sends on the link to `rate_mbit` (token bucket)."""
+    burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 * 0.004))  # >= one GSO segment, ~4 ms of traffic
+    _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", IFNAME, "root", "tbf",
+          "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "400ms"])
+
+
+def setup(rate_mbit: float, tag: str | None = None) -> TwoHosts:
+    """Make the two hosts; on any failure, undo what was made and raise."""
+    if rate_mbit <= 0:
+        raise ValueError("rate_mbit must be > 0")
+    # the owner's pid in every name: `leftovers(stale=True)` tells an abandoned pair from a live one
+    tag = tag or f"{os.getpid()}x{secrets.token_hex(2)}"
+    hosts = TwoHosts(tag=tag, rate_mbit=rate_mbit, ns=(f"gradshare-{tag}-a", f"gradshare-{tag}-b"))
+    try:
+        for name in hosts.ns:
+            _run(["ip", "netns", "add", name])
+        _run(["ip", "link", "add", f"gs{tag}a", "type", "veth", "peer", "name", f"gs{tag}b"])
+        for side, name, addr in zip("ab", hosts.ns, hosts.addr):
+            _run(["ip", "link", "set", f"gs{tag}{side}", "netns", name])
+            _run(["ip", "-n", name, "link", "set", f"gs{tag}{side}", "name", IFNAME])
+            _run(["ip", "-n", name, "addr", "add", f"{addr}/30", "dev", IFNAME])
+            _run(["ip", "-n", name, "link", "set", IFNAME, "up"])
+            _run(["ip", "-n", name, "link", "set", "lo", "up"])
+            shape(name, rate_mbit)
+    except BaseException:
+        hosts.close()
+        raise
+    return hosts
+
+
+@contextlib.contextmanager
+def two_hosts(rate_mbit: float, tag: str | None = None):
+    """Two emulated hosts for the block; torn down on exit, on failure too."""
+    hosts = setup(rate_mbit, tag)
+    try:
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def leftovers(stale: bool = False) -> list[str]:
+    """Namespaces this module made that still exist; `stale`: only those whose maker is gone."""
+    out = _run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    names = [line.split()[0] for line in out if line.startswith("gradshare-")]
+    return [n for n in names if not stale or not _alive(n)]
+
+
+def _alive(name: str) -> bool:
+    try:
+        pid = int(name.split("-")[1].split("x")[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0) -> float:
+    """Goodput of one TCP stream from host `sender` to the other, Mbit/s (a check of the shaping)."""
+
+    receiver = 1 - sender
+    with in_netns(hosts.ns[receiver]):
+        srv = socket.socket()
+        srv.bind((hosts.addr[receiver], 0))
+        srv.listen(1)
+    port = srv.getsockname()[1]
+    total = int(megabytes * 1e6)
+    got = []
+
+    def drain():
+        conn, _ = srv.accept()
+        n = 0
+        while n < total and (data := conn.recv(1 << 16)):
+            n += len(data)
+        got.append(time.perf_counter())
+        conn.close()
+
+    t = threading.Thread(target=drain)
+    t.start()
+    with in_netns(hosts.ns[sender]):
+        cli = socket.create_connection((hosts.addr[receiver], port))
+    t0 = time.perf_counter()
+    cli.sendall(b"\0" * total)
+    t.join(timeout=600)
+    cli.close()
+    srv.close()
+    return total * 8 / 1e6 / (got[0] - t0)

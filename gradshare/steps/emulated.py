@@ -1,0 +1,177 @@
+"""One two-process arm across two emulated hosts (`gradshare.hosts.netns`), each machine rank
+started with `mlflow run` inside its own network namespace, exactly as a person starts
+the two machine ranks of an arm on two real hosts.
+
+    from gradshare.steps.emulated import choose_link, run_arm_across
+    link = choose_link("auto", plan)          # emulated when the machine allows it, else loopback
+    if link.emulated:
+        ok = run_arm_across("gradshare-tiny", "dense", plan.link.rate_mbit)
+
+Used by the `study` entry point and by `scripts/two_hosts.py run`. The arm's MLflow run
+(machine rank 0) records which link carried it in its `link` parameter, from
+`GRADSHARE_LINK` set here; the report prints it.
+
+The tracking store stays where it is: a SQLite or file store is the same file seen from
+both namespaces; a server on this machine's loopback (http://127.0.0.1:PORT) is reached
+through `TwoHosts.bridge`. A server anywhere else cannot be reached from the namespaces
+(their only interface is the link), so that case runs over loopback and says why.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from gradshare.contract.tags import ATTEMPT
+from gradshare.hosts import netns
+from gradshare.tracking import study_runs
+from gradshare.train.env import LINK_ENV, RATE_ENV
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("auto", "emulated", "loopback")
+RENDEZVOUS_PORT = 29500  # on host 0's link address: a fresh namespace, nothing else listens there
+# After machine rank 0 ends, how long host 1 may take to notice and exit before teardown kills it.
+SECONDARY_GRACE_S = 60
+
+
+@dataclass(frozen=True)
+class Link:
+    emulated: bool
+    note: str
+    """One line for the output and the report: what carried the two-process arms, and why."""
+
+
+def describe_emulated(rate_mbit: float) -> str:
+    return (f"emulated: two hosts (network namespaces) joined by a {rate_mbit:g} Mbit/s link each way "
+            f"(tc tbf); latency not emulated")
+
+
+def _tracking_problem() -> str | None:
+    """Why the tracking store cannot be reached from inside the namespaces, or None."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        host = urlparse(uri).hostname
+        if host not in ("127.0.0.1", "localhost") or not urlparse(uri).port:
+            return (f"the tracking server {uri} is not on this machine's loopback; the emulated hosts "
+                    f"reach only 127.0.0.1:PORT of this machine")
+        return None
+    if scheme in ("", "file", "sqlite"):
+        return None
+    return f"tracking URI scheme {scheme!r} is not known to be reachable from the emulated hosts"
+
+
+def choose_link(mode: str, plan) -> Link:
+    """Which link the two-process arms use: `emulated` refuses where it cannot be made;
+    `auto` falls back to loopback with the reason; `loopback` is asked for."""
+    if mode not in MODES:
+        raise SystemExit(f"hosts={mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "loopback":
+        return Link(False, "loopback: both ranks on one host, as asked (hosts=loopback); no byte crossed a link")
+    reason = None
+    if plan.hardware.device != "cpu":
+        reason = "the arms run on GPUs: emulated hosts are for the CPU profile"
+    reason = reason or netns.unavailable() or _tracking_problem()
+    if reason is None:
+        return Link(True, describe_emulated(plan.link.rate_mbit))
+    if mode == "emulated":
+        raise SystemExit(f"hosts=emulated: cannot make emulated hosts here: {reason}")
+    return Link(False, f"loopback: both ranks on one host, no byte crossed a link ({reason})")
+
+
+def absolute_tracking_env() -> dict[str, str]:
+    """MLFLOW_TRACKING_URI for the machine ranks, a relative SQLite or file path made absolute
+    (the ranks' `mlflow run` may start elsewhere)."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite" and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    elif parsed.scheme in ("", "file") and not Path(parsed.path).is_absolute():
+        uri = Path(parsed.path).resolve().as_uri()
+    return {"MLFLOW_TRACKING_URI": uri}
+
+
+def machine_rank_command(study: str, arm: str, rank: int, addr0: str, port: int = RENDEZVOUS_PORT) -> list[str]:
+    """`mlflow run` of the train entry point for one machine rank, the README's way."""
+    return [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "train", "--env-manager", "local",
+            "--experiment-name", study, "-P", f"study={study}", "-P", f"arm={arm}", "-P", "num_machines=2",
+            "-P", f"machine_rank={rank}", "-P", f"main_process_ip={addr0}", "-P", f"main_process_port={port}"]
+
+
+def _pump(stream, prefix: str) -> None:
+    for line in stream:
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
+def _wait_for_claim(study: str, arm: str, host0: subprocess.Popen, timeout_s: float) -> None:
+    """Until machine rank 0's train run is RUNNING with its attempt decided, or rank 0 ended."""
+
+    deadline = time.monotonic() + timeout_s
+    while host0.poll() is None and time.monotonic() < deadline:
+        if any(ATTEMPT in r.data.tags for r in study_runs.search(study, "train", arm, status="RUNNING")):
+            return
+        time.sleep(0.5)
+
+
+def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float) -> bool:
+    """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
+    afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
+    MLflow run holds the arm's outcome either way."""
+    # each machine rank's `mlflow run` makes its own run: nothing of a launcher's run may leak in
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
+    env = {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env(), LINK_ENV: describe_emulated(rate_mbit),
+           RATE_ENV: f"{rate_mbit:g}"}
+    uri = urlparse(env["MLFLOW_TRACKING_URI"])
+    with netns.two_hosts(rate_mbit) as hosts:
+        if uri.scheme in ("http", "https"):
+            hosts.bridge(uri.port)
+        env.update(hosts.env)
+        procs, pumps = [], []
+        for rank in (0, 1):
+            if rank == 1:
+                # Host 1 starts once host 0's run holds the arm (its claim decided): a refused arm
+                # never leaves host 1 waiting at the rendezvous, and host 0's orphan sweep never
+                # meets host 1's launcher run before that run is tagged as alive.
+                _wait_for_claim(study, arm, procs[0], timeout_s)
+                if procs[0].poll() is not None:
+                    break  # host 0 ended (refused, failed): nothing for host 1 to join
+            p = subprocess.Popen(hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0]),
+                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            t = threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True)
+            t.start()
+            procs.append(p)
+            pumps.append(t)
+        try:
+            rc0 = procs[0].wait(timeout=timeout_s)
+            try:
+                if len(procs) > 1:
+                    procs[1].wait(timeout=SECONDARY_GRACE_S)
+            except subprocess.TimeoutExpired:
+                print(f"[gradshare] host 1 still running {SECONDARY_GRACE_S}s after host 0 ended: stopped",
+                      flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"[gradshare] arm {arm} across two hosts passed {timeout_s:.0f}s: stopped", flush=True)
+            rc0 = None
+        # leaving the block tears the hosts down and kills what is still inside, by pid
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for t in pumps:
+        t.join(timeout=5)
+    return rc0 == 0

@@ -1,0 +1,133 @@
+"""`prepare`: build every input of the study (`gradshare.inputs.build`), and register it in MLflow.
+
+Layout of the inputs (the prepare run's artifacts under `inputs/`):
+    data/train_tasks.jsonl   3,072 generated training tasks (documents)
+    data/replay.jsonl        1,024 conversation-replay documents
+    data/pretrain.jsonl      tiny profile: conversations the seed model was pre-trained on
+    eval/test_tasks.jsonl    1,024 final-test cases (read only by `score`)
+    eval/probes.jsonl        128 retention probes (exposed during pre-training)
+    schedule.json            128 x 32 document ids, per-update target-token counts and hashes
+    workload.json            per update: input tokens, and padded tokens and micro-batches of
+                             one rank of a one- and a two-rank arm (`gradshare.inputs.workload`)
+    tokenizer/               the tokenizer
+    seed_model/              tiny profile: the pre-trained seed model (safetensors)
+    manifest.json            path, bytes, SHA-256 of every file above; numerical sources
+plus `plan.json` at the run's root. Two prepares of the same plan give identical bytes.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from gradshare.contract.metrics import seed_metrics
+from gradshare.contract.plan import PLAN_FILE, Plan, plan_json
+from gradshare.contract.tags import INPUT_SHA, INPUTS_SHA, SEED_MODEL
+from gradshare.model.lm import MODEL_SHAPES, parameter_shapes
+from gradshare.util.jsonio import read_jsonl
+
+# Lazy imports: mlflow, pandas inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+
+def _params_not_yet_logged(flat: dict[str, str]) -> dict[str, str]:
+    """The plan's parameters less those the run already holds with the same value. Launched by
+    `mlflow run . -e prepare -P link.rate_mbit=50`, MLflow logs `50` before prepare starts; the
+    plan's `50.0` would then be refused as a changed value (plan.json holds the canonical one).
+    A value that really differs is left in, so that MLflow refuses it."""
+    import mlflow
+
+    held = mlflow.get_run(mlflow.active_run().info.run_id).data.params
+    return {k: v for k, v in flat.items() if k not in held or not _same_value(held[k], v)}
+
+
+def _same_value(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def log_prepare_run(plan: Plan, inputs: Path, manifest: dict) -> None:
+    """Parameters, plan.json, inputs/ (with manifest.json), data sets with full SHA-256."""
+    import mlflow
+    import pandas as pd
+
+    mlflow.log_params(_params_not_yet_logged(plan.flat()))
+    mlflow.log_text(plan_json(plan), PLAN_FILE)
+    # for each arm's budget check, which would otherwise load transformers to build it (~5 s)
+    mlflow.log_dict({"shapes": [list(s) for s in parameter_shapes(plan)]}, MODEL_SHAPES)
+    mlflow.log_artifacts(str(inputs), "inputs")
+    sha = {e["path"]: e["sha256"] for e in manifest["files"]}
+    for path, context in (("data/train_tasks.jsonl", "training"), ("data/replay.jsonl", "training"),
+                          ("eval/test_tasks.jsonl", "test"), ("eval/probes.jsonl", "retention")):
+        df = pd.DataFrame(read_jsonl(inputs / path))
+        source = artifact_dataset_source(mlflow.get_artifact_uri(f"inputs/{path}"))
+        ds = mlflow.data.from_pandas(df, name=path, source=source)
+        # MLflow's own digest is 8 hex characters over 10,000 rows: not enough to pre-register.
+        mlflow.log_input(ds, context=context, tags={INPUT_SHA: sha[path]})
+    seed = manifest["seed_model"]
+    mlflow.log_metrics(seed_metrics(seed))
+    mlflow.set_tag(INPUTS_SHA, manifest["inputs_sha256"])
+    mlflow.set_tag(SEED_MODEL, seed["kind"])
+
+
+def artifact_dataset_source(uri: str):
+    """The dataset source of one of the prepare run's artifacts, chosen by the URI's scheme.
+
+    Handed a bare string, `mlflow.data.from_pandas` asks every registered dataset source
+    whether it claims it, and warns when more than one does: a local path or `file:` URI
+    (a SQLite store's artifacts) is claimed by two identical `local` sources, one per
+    scheme, while `mlflow-artifacts:` (a tracking server's proxied artifacts) is claimed by
+    none. So the source is built here for the scheme the store gave, keeping `uri` as is:
+    `http(s)` -> MLflow's HTTP source; a scheme with a registered artifact source (`local`,
+    `s3`, `gs`, ...) -> that source; any other artifact scheme -> a source of the same kind
+    as MLflow's artifact sources (its `load` downloads through the artifact repository),
+    registered once so that `mlflow.data.get_source` can read it back.
+    """
+
+    from mlflow.data.artifact_dataset_sources import (
+        _create_dataset_source_for_artifact_repo,
+    )
+    from mlflow.data.dataset_source_registry import (
+        get_registered_sources,
+        register_dataset_source,
+    )
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+    from mlflow.utils.uri import is_local_uri
+
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        return HTTPDatasetSource(uri)
+    kind = "local" if is_local_uri(uri, is_tracking_or_registry_uri=False) else scheme
+    for cls in reversed(get_registered_sources()):  # the last registered takes precedence, as in MLflow
+        if cls._get_source_type() == kind:
+            return cls(uri)
+    name = "".join(part.capitalize() for part in kind.replace("_", "-").split("-")) + "ArtifactDatasetSource"
+    cls = _create_dataset_source_for_artifact_repo(scheme=kind, dataset_source_name=name)
+    register_dataset_source(cls)
+    return cls(uri)
+
+
+def archive_existing_study(study: str) -> str | None:
+    """Rename an existing study's experiment (with its runs) out of the way so that a new one starts clean."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(study)
+    # The run a launcher made for this very command may already be there: it is not the old study.
+    launcher = os.environ.get("MLFLOW_RUN_ID")
+    runs = [] if exp is None else mlflow.MlflowClient().search_runs([exp.experiment_id], max_results=2)
+    if not [r for r in runs if r.info.run_id != launcher]:
+        return None  # nothing to keep apart: an empty experiment is simply reused
+    new_name = f"{study}@archived-{time.strftime('%Y%m%dT%H%M%S')}"
+    mlflow.MlflowClient().rename_experiment(exp.experiment_id, new_name)
+    return new_name
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="gradshare-inputs-"))

@@ -1,0 +1,142 @@
+"""The tracking store this process talks to: which one, whether it answers, and the names
+that may be put in it.
+
+MLflow is imported inside the functions that use it, here and in every module of this
+package: importing it costs seconds, and the processes that only check a name or a path
+(the launcher's refusals, the workers' start) should not pay that.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
+
+from gradshare.contract.errors import StudyError
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+REQUEST_TIMEOUT_S = 10
+"""Seconds one request may take while records are sent from the outbox (MLflow's own client
+would wait 120 s and retry for minutes, stalling every update)."""
+
+
+def unreachable(uri: str | None = None) -> str | None:
+    """Why the tracking server does not answer (the connection error), or None where it does:
+    any HTTP answer counts (a proxy or an auth app may refuse /health itself); a local store
+    always answers."""
+
+    import mlflow
+
+    uri = uri or mlflow.get_tracking_uri()
+    if urlparse(uri).scheme not in ("http", "https"):
+        return None
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REQUEST_TIMEOUT_S).read()
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+    return None
+
+
+def reachable(uri: str | None = None) -> bool:
+    """Whether the tracking server answers (`unreachable` says why not)."""
+    return unreachable(uri) is None
+
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def mlflow_run_keeps_the_steps_end() -> None:
+    """Make MLflow's launcher (`mlflow run`, `mlflow.projects.run`) leave a run its step already
+    ended as the step ended it. After a step exits non-zero the launcher ends the run FAILED
+    unless it is ended already, but its check (`mlflow.projects._maybe_set_run_terminated`,
+    MLflow 3.17) hands `RunStatus.is_terminated` the status as a string where it takes the
+    enum's int, so it never holds: a refusal's KILLED became FAILED. Here it takes both; for an
+    int nothing changes. Called in the launcher's own process (`gradshare study`; MLflow imports
+    `entrypoints.mlflow_plugin` into every process that imports mlflow)."""
+    from mlflow.entities import RunStatus
+
+    if getattr(RunStatus.is_terminated, "takes_strings", False):
+        return
+    by_int = RunStatus.is_terminated
+
+    def is_terminated(status) -> bool:
+        return by_int(RunStatus.from_string(status) if isinstance(status, str) else status)
+
+    is_terminated.takes_strings = True
+    RunStatus.is_terminated = staticmethod(is_terminated)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends a step as Ctrl-C does (an exception, so its run is ended FAILED with the
+    reason and its processes are stopped), instead of killing it with its run left RUNNING."""
+
+    def handler(signum, _frame):
+        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def check_reachable(uri: str) -> None:
+    """A tracking server that does not answer is refused at once, naming it (MLflow's own
+    client would retry for minutes first)."""
+    if (reason := unreachable(uri)) is not None:
+        # SystemExit: one line on stderr, no run anywhere (there is no store to put one in)
+        raise SystemExit(f"[gradshare] the tracking server {uri} is unreachable ({reason}): "
+                         f"start it (`gradshare server`) or point MLFLOW_TRACKING_URI at one; nothing was done")
+
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+
+
+def check_study_name(study: str) -> None:
+    """A study's name names its experiment and local files (`guard-<study>.log`): letters,
+    digits and `._@-` only, so that no name reaches outside the directory it is put in."""
+    if not study or not study.strip():
+        raise StudyError("the study name is empty: pass -P study=NAME")
+    if not STUDY_NAME.fullmatch(study):
+        raise StudyError(f"study name {study!r} is not allowed: use 1-128 letters, digits, '.', '_', '@' or "
+                         f"'-', starting with a letter or digit (no '/', no '..', no spaces)")
+
+
+def safe_artifact_path(path: str) -> str:
+    """`path` as an artifact path inside a run's artifact directory, or a StudyError: no
+    absolute path, no `..` part, no backslash or NUL (a name made from input, a manifest or a
+    journal never reaches outside the run, in the store or in a local download)."""
+    text = str(path)
+    parts = text.split("/")
+    if (not text or text.startswith("/") or "\\" in text or "\0" in text or ":" in parts[0]
+            or any(p in ("", ".", "..") for p in parts)):
+        raise StudyError(f"artifact path {text!r} is not allowed: relative, '/'-separated names only, "
+                         f"without '..', '.', empty parts, backslashes or NUL")
+    return text
+
+
+def connect() -> str:
+    """Point MLflow at the store (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here), refusing a
+    server that does not answer; returns the URI. Reads and writes nothing in it."""
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_TRACKING_URI", DEFAULT_URI)
+    # MLflow draws a progress bar for every artifact download (each step fetches the plan): off
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    check_reachable(os.environ["MLFLOW_TRACKING_URI"])
+    return os.environ["MLFLOW_TRACKING_URI"]
+
+
+def client():
+    import mlflow
+
+    return mlflow.MlflowClient()
+
+
+def one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StudyError) else str(exc)
+    return " ".join(text.split())[:4000]

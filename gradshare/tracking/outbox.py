@@ -1,0 +1,373 @@
+"""An arm's records on local disk until the tracking server has them: nothing is lost when
+the server goes away in the middle of an arm.
+
+Everything an arm records (each update's metrics, parameters, tags, full states, the
+summary and checkpoint, the run's end) goes through an `Outbox`. A record is appended to
+the run's journal first (`<outbox>/<run id>/journal.jsonl`, one JSON line each, flushed
+to disk), then sent. While the server does not answer, records wait in the journal and
+training goes on; when it answers again they are sent in order, with the times they were
+made. A server gone longer than the plan's `arms.tracking_grace_s` ends the arm after a
+whole update (`ServerLost`): the journal then holds everything, files copied beside it,
+and a documented command delivers it later:
+
+    gradshare upload                          # every journal under ./gradshare-outbox
+    gradshare upload gradshare-outbox/<run id> [--tracking-uri http://host:5000]
+
+The outbox directory is `$GRADSHARE_OUTBOX`, else `gradshare-outbox` in the working
+directory. A record is sent at most once: `delivered` counts the journal lines the server
+has, and moves only after the server said yes.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from gradshare.contract.tags import FAILURE
+from gradshare.tracking.connection import (
+    REQUEST_TIMEOUT_S,
+    reachable,
+    safe_artifact_path,
+)
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+ENV = "GRADSHARE_OUTBOX"
+JOURNAL, DELIVERED, LOST_SINCE = "journal.jsonl", "delivered", "lost_since"
+RETRY_EVERY_S = 5.0
+"""While the server is lost, how often sending is tried again (not at every update)."""
+
+
+class ServerLost(RuntimeError):
+    """The tracking server stayed unreachable past the grace time; the journal holds everything."""
+
+
+def root() -> Path:
+    return Path(os.environ.get(ENV) or "gradshare-outbox").resolve()
+
+
+@contextlib.contextmanager
+def fast_fail():
+    """MLflow client requests that fail at once instead of retrying for minutes (read by MLflow
+    at every request); a failure is then told apart by asking the server's /health."""
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(REQUEST_TIMEOUT_S)}
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Outbox:
+    """The journal of one run, and its delivery. One process at a time writes it (the arm's
+    rank 0 while it trains, then its driver); the journal and its counters live in files, so
+    each process sees what the one before it left. With `background`, a thread sends while
+    the caller goes on: a server that hangs or is gone never stalls an update."""
+
+    def __init__(self, run_id: str, grace_s: float, directory: Path | None = None, log=None,
+                 background: bool = False):
+        self.run_id, self.grace_s = run_id, grace_s
+        self.dir = (directory or root()) / run_id
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._next_try = 0.0
+        self._journal_lock, self._send_lock = threading.Lock(), threading.Lock()
+        f = self.dir / JOURNAL
+        self._records = [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+        self._error: BaseException | None = None
+        self._hold = False  # the store refused a record (`keep`): what follows waits for an upload
+        self._thread = None
+        if background:
+            self._wake, self._closing = threading.Event(), threading.Event()
+            self._thread = threading.Thread(target=self._send_loop, name="gradshare-outbox", daemon=True)
+            self._thread.start()
+
+    # -- what the arm records -------------------------------------------------------------
+    def metrics(self, values: dict, step: int = 0, time_ms: int | None = None) -> None:
+        self._add({"kind": "metrics", "values": {k: float(v) for k, v in values.items()}, "step": step,
+                   "time_ms": time_ms or int(time.time() * 1000)})
+
+    def params(self, values: dict) -> None:
+        self._add({"kind": "params", "values": {k: str(v) for k, v in values.items()}})
+
+    def tags(self, values: dict) -> None:
+        self._add({"kind": "tags", "values": {k: str(v) for k, v in values.items()}})
+
+    def text(self, text: str, artifact_file: str) -> None:
+
+        self._add({"kind": "text", "text": text, "artifact_file": safe_artifact_path(artifact_file)})
+
+    def artifacts(self, local: str | Path, artifact_path: str | None = None) -> None:
+        """A file or directory. Sent from where it is when nothing waits before it; otherwise
+        copied beside the journal first (the arm's working directory does not outlive it)."""
+
+        local = Path(local)
+        if artifact_path is not None:
+            safe_artifact_path(artifact_path)
+        rec = {"kind": "artifacts", "local": str(local), "artifact_path": artifact_path}
+        with self._send_lock:  # nothing else is sent meanwhile: the order holds
+            if not self.pending():
+                try:
+                    self._send(rec)
+                    self._append(rec, delivered=True)
+                    return
+                except Exception as exc:  # noqa: BLE001 - a lost server: kept below; anything else raised
+                    self._unless_lost(exc)
+            self._append(rec | {"local": str(self._copy_beside(local))})
+        self._kick()
+
+    def keep(self, local: str | Path, artifact_path: str) -> Exception | None:
+        """A file or directory that must survive any fault of the store: journaled first (copied
+        beside the journal unless it already lies inside this outbox), then sent. Returns None
+        when it is in the store or waits for a lost server; the store's error when a server that
+        answers refused it (full, read-only): it then waits here, and so does every record after
+        it, until `gradshare upload` (nothing is tried again in this process)."""
+
+        local = Path(local)
+        safe_artifact_path(artifact_path)
+        if not local.resolve().is_relative_to(self.dir.resolve()):
+            local = self._copy_beside(local)
+        self._append({"kind": "artifacts", "local": str(local), "artifact_path": artifact_path})
+        try:
+            self.deliver(force=True)
+        except Exception as exc:  # noqa: BLE001 - the store's own answer: the caller says it
+            self.hold()
+            return exc
+        return None
+
+    def hold(self) -> None:
+        """Journal what follows without sending it (records already wait behind one the store
+        refused: sending them again would only be refused again)."""
+        self._hold = True
+
+    def end(self, status: str, tags: dict | None = None) -> None:
+        """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED). Where an
+        end already waits in the journal (the arm's worker recorded it, and its records wait for
+        the store), that end stands: no second one is added."""
+        if any(r["kind"] == "end" for r in self._records[self._delivered():]):
+            return
+        self._add({"kind": "end", "status": status, "tags": {k: str(v) for k, v in (tags or {}).items()},
+                   "time_ms": int(time.time() * 1000)})
+
+    def last_step(self, key: str) -> int:
+        """The highest step at which `key` was recorded here (0: never)."""
+        return max((r["step"] for r in self._records if r["kind"] == "metrics" and key in r["values"]),
+                   default=0)
+
+    # -- delivery -----------------------------------------------------------------------------
+    def pending(self) -> int:
+        return len(self._records) - self._delivered()
+
+    def lost_for(self) -> float:
+        """Seconds since the server stopped answering this run's records (0: it answers)."""
+        f = self.dir / LOST_SINCE
+        try:
+            return time.time() - float(f.read_text())
+        except (FileNotFoundError, ValueError):
+            return 0.0
+
+    def check_grace(self, where: str) -> None:
+        """`ServerLost` once the server has been gone longer than the grace time (and any error
+        the sending thread met, raised here, in the caller's thread)."""
+        if self._error is not None:
+            raise self._error
+        lost = self.lost_for()
+        if lost > self.grace_s:
+            import mlflow
+
+            raise ServerLost(
+                f"tracking: the tracking server {mlflow.get_tracking_uri()} did not answer for {lost:.0f}s "
+                f"(arms.tracking_grace_s {self.grace_s:g}), {where}; {self.pending()} records are kept in "
+                f"{self.dir}: deliver them with `gradshare upload {self.dir}`")
+
+    def deliver(self, force: bool = False) -> bool:
+        """Send every waiting record, in order; True when none waits. While the server is lost
+        this tries again only every RETRY_EVERY_S seconds (unless `force`)."""
+        if not self.pending():
+            return True
+        if not force and time.monotonic() < self._next_try:
+            return False
+        with self._send_lock:
+            done = self._delivered()
+            was_lost = self.lost_for() > 0
+            while True:
+                with self._journal_lock:
+                    i = self._delivered()
+                    if i >= len(self._records):
+                        break
+                    rec = self._records[i]
+                try:
+                    self._send(rec)
+                except Exception as exc:  # noqa: BLE001
+                    self._unless_lost(exc)
+                    return False
+                self._write(DELIVERED, str(i + 1))
+            if was_lost:
+                self.log(f"[gradshare] the tracking server answers again: {self._delivered() - done} records "
+                         f"kept while it was gone are delivered")
+            (self.dir / LOST_SINCE).unlink(missing_ok=True)
+            return True
+
+    def wait(self, where: str, poll_s: float = 1.0) -> None:
+        """Deliver everything, waiting for the server up to the grace time; `ServerLost` after it."""
+        self.close()
+        while not self.deliver(force=True):
+            self.check_grace(where)
+            time.sleep(poll_s)
+
+    def close(self, timeout_s: float = 2 * REQUEST_TIMEOUT_S) -> None:
+        """Stop the sending thread after its current request (what waits stays in the journal)."""
+        if self._thread is not None:
+            self._closing.set()
+            self._wake.set()
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    # -- inside -------------------------------------------------------------------------------
+    def _copy_beside(self, local: Path) -> Path:
+        """A copy of `local` (file or directory) beside the journal, for a record that waits."""
+        copy = self.dir / "files" / f"{len(self._records):06d}" / local.name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if local.is_dir() else shutil.copy2)(local, copy)
+        return copy
+
+    def _add(self, rec: dict) -> None:
+        self._append(rec)
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._hold:
+            return
+        if self._thread is not None:
+            self._wake.set()
+        else:
+            self.deliver()
+
+    def _send_loop(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                while not self._closing.is_set() and not self.deliver(force=True):
+                    self._closing.wait(RETRY_EVERY_S)  # the server is lost: try again later
+            except Exception as exc:  # noqa: BLE001 - a real error: the caller's next check raises it
+                self._error = exc
+                return
+
+    def _unless_lost(self, exc: Exception) -> None:
+        """An error from a server that still answers is a real error: raised. A connection that
+        failed, or a server that does not answer its health check, is a lost server: the records
+        wait, the loss is noted (once) and sending is tried again later."""
+        if not _connection_error(exc) and reachable():
+            raise exc
+        self._next_try = time.monotonic() + RETRY_EVERY_S
+        if not (self.dir / LOST_SINCE).exists():
+            self._write(LOST_SINCE, f"{time.time():.3f}")
+            import mlflow
+
+            self.log(f"[gradshare] the tracking server {mlflow.get_tracking_uri()} does not answer: records "
+                     f"wait in {self.dir} (up to arms.tracking_grace_s {self.grace_s:g}s) and are sent when "
+                     f"it returns")
+
+    def _send(self, rec: dict) -> None:
+        import mlflow
+        from mlflow.entities import Metric, Param, RunTag
+
+        c = mlflow.MlflowClient()
+        kind = rec["kind"]
+        with fast_fail():
+            if kind == "metrics":
+                c.log_batch(self.run_id, metrics=[Metric(k, v, rec["time_ms"], rec["step"])
+                                                  for k, v in rec["values"].items()])
+            elif kind == "params":
+                c.log_batch(self.run_id, params=[Param(k, v) for k, v in rec["values"].items()])
+            elif kind == "tags":
+                c.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in rec["values"].items()])
+            elif kind == "text":
+                c.log_text(self.run_id, rec["text"], rec["artifact_file"])
+            elif kind == "artifacts":
+                local = Path(rec["local"])
+                if local.is_dir():
+                    c.log_artifacts(self.run_id, str(local), rec["artifact_path"])
+                else:
+                    c.log_artifact(self.run_id, str(local), rec["artifact_path"])
+            elif kind == "end":
+
+                if rec["status"] == "FINISHED" and FAILURE in c.get_run(self.run_id).data.tags:
+                    # an orphan sweep took the waiting run for dead; the arm in fact finished
+                    c.delete_tag(self.run_id, FAILURE)
+                if rec["tags"]:
+                    c.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in rec["tags"].items()])
+                c.set_terminated(self.run_id, rec["status"], end_time=rec["time_ms"])
+            else:
+                raise ValueError(f"{self.dir / JOURNAL}: unknown record kind {kind!r}")
+
+    def _append(self, rec: dict, delivered: bool = False) -> None:
+        with self._journal_lock:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.dir / JOURNAL, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._records.append(rec)
+            if delivered:
+                self._write(DELIVERED, str(len(self._records)))
+
+    def _delivered(self) -> int:
+        f = self.dir / DELIVERED
+        return int(f.read_text()) if f.exists() else 0
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.dir / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / name)
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """A failure to reach the server at all (refused, reset, timed out), however MLflow wrapped it."""
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def upload(paths: list[Path], log=print) -> int:
+    """Deliver every journal in `paths` (run directories, or directories of them); returns the
+    number of runs still waiting (0: everything delivered)."""
+    runs = []
+    for p in paths:
+        p = Path(p)
+        if (p / JOURNAL).exists():
+            runs.append(p)
+        elif p.is_dir():
+            runs += sorted(d for d in p.iterdir() if (d / JOURNAL).exists())
+        else:
+            raise SystemExit(f"[gradshare] upload: {p} holds no outbox journal ({JOURNAL})")
+    waiting = 0
+    for d in runs:
+        box = Outbox(d.name, grace_s=0, directory=d.parent, log=log)
+        before = box.pending()
+        if box.deliver(force=True):
+            log(f"[gradshare] run {d.name}: {before} records delivered" if before else
+                f"[gradshare] run {d.name}: nothing waiting")
+        else:
+            waiting += 1
+            log(f"[gradshare] run {d.name}: {box.pending()} records still waiting (the server does not answer)")
+    return waiting

@@ -1,0 +1,240 @@
+"""MLflow: where every step's run lives, how steps find each other, how failure shows.
+
+Steps talk only through the tracking store: tags, run ids, artifacts. The store is
+whatever `MLFLOW_TRACKING_URI` says, else `sqlite:///mlflow.db` in the working
+directory. The experiment is the study's name.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from gradshare.contract.errors import Refusal, StudyError
+from gradshare.contract.tags import (
+    ARM,
+    EXPERIMENT_KIND,
+    FAILURE,
+    PLAN_SHA,
+    REFUSAL,
+    STEP,
+    STUDY,
+)
+from gradshare.tracking import connection, orphans, outbox
+
+# Lazy imports: mlflow inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+
+def existing_study(study: str):
+    """The study's experiment, or SystemExit with one line: a step that reads a study never
+    creates one by naming it (a typo would otherwise leave an empty study behind)."""
+    import mlflow
+
+    connection.check_study_name(study)
+    uri = connection.connect()
+    exp = mlflow.get_experiment_by_name(study)
+    if exp is None or exp.lifecycle_stage != "active":
+        gone = " (its experiment is deleted)" if exp is not None else ""
+        # SystemExit: one line on stderr, no run and no experiment anywhere
+        raise SystemExit(f"[gradshare] no study {study!r} in {uri}{gone}: run prepare first "
+                         f"(`gradshare prepare --study {study}`); nothing was done")
+    return exp
+
+
+def setup(study: str, create: bool = True):
+    """Point MLflow at the store and the study's experiment; returns the experiment id. Only the
+    steps that make a study (prepare, study) create its experiment: with `create=False` a study
+    that does not exist is refused with one line (`existing_study`)."""
+    import mlflow
+
+    if create:
+        connection.check_study_name(study)
+        connection.connect()
+    else:
+        existing_study(study)
+    exp = mlflow.set_experiment(study)
+    if exp.tags.get(EXPERIMENT_KIND) != "custom_model_development":
+        # MLflow 3's UI opens a GenAI overview unless told this is model training; with this tag
+        # its experiment page redirects to the runs table (`/#/experiments/<id>/runs`).
+        connection.client().set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, "custom_model_development")
+    # Every step first ends the study's runs that nobody is behind any more; never the run a
+    # launcher made for this very process (not yet tagged with it).
+    orphans.sweep(exp.experiment_id, keep={os.environ.get("MLFLOW_RUN_ID", "")},
+                  log=lambda line: print(line, file=sys.stderr))
+    return exp.experiment_id
+
+
+def runs_table(experiment_id: str, base: str = "", run_id: str = "") -> str:
+    """The MLflow UI's runs table of a study, or one run's page in it (`base`: the server, e.g.
+    http://127.0.0.1:5000). `workflowType=machine_learning` gives it MLflow 3's model-training
+    navigation (Runs, Models), as the experiment's own page does when it redirects there; without
+    it a fresh browser shows the GenAI one (traces, judges, prompts) beside the same table."""
+    run = f"/{run_id}" if run_id else ""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs{run}?workflowType=machine_learning"
+
+
+def search(study: str, step: str, arm: str | None = None, status: str | None = None,
+           order: str = "attributes.start_time ASC") -> list:
+    """Runs of `study` at `step` (and `arm`), oldest first, through `search_runs` with a filter."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(study)
+    if exp is None:
+        return []
+    flt = f"tags.`{STEP}` = '{step}'"
+    if arm:
+        flt += f" and tags.`{ARM}` = '{arm}'"
+    if status:
+        flt += f" and attributes.status = '{status}'"
+    return connection.client().search_runs([exp.experiment_id], flt, order_by=[order], max_results=1000)
+
+
+def prepare_run(study: str):
+    """The study's one FINISHED prepare run, or a StudyError that says to run prepare."""
+    runs = search(study, "prepare", status="FINISHED")
+    if not runs:
+        raise StudyError(f"study {study!r} has no finished prepare run: run "
+                         f"`mlflow run . -e prepare --env-manager local -P study={study}` first")
+    if len(runs) > 1:
+        raise StudyError(f"study {study!r} has {len(runs)} finished prepare runs; a study has one")
+    return runs[0]
+
+
+def finished_score_steps(study: str) -> list:
+    """FINISHED score step runs (the parents; each model's scores are their nested children)."""
+    return [r for r in search(study, "score", status="FINISHED") if ARM not in r.data.tags]
+
+
+def is_committed(study: str) -> bool:
+    return bool(search(study, "commit", status="FINISHED"))
+
+
+def download(run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
+    """The run's artifact `artifact_path` under `dst` (a new temporary directory by default);
+    a path that would land outside `dst` is refused before anything is fetched."""
+    import mlflow
+
+    connection.safe_artifact_path(artifact_path)
+    dst = Path(dst or tempfile.mkdtemp(prefix="gradshare-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    got = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                   dst_path=str(dst)))
+    if not got.resolve().is_relative_to(dst.resolve()):
+        raise StudyError(f"artifact {artifact_path!r} of run {run_id} landed outside {dst}: refused")
+    return got
+
+
+def study_tags(study: str, step: str, plan_sha: str, arm: str | None = None) -> dict:
+    found = {STUDY: study, STEP: step, PLAN_SHA: plan_sha}
+    if arm:
+        found[ARM] = arm
+    return found
+
+
+TRACEBACK = "failure/traceback.txt"  # an unexpected error's traceback, on the run it ended
+
+
+@contextlib.contextmanager
+def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
+              run_name: str | None = None, system_metrics: bool = False, create: bool = False):
+    """An MLflow run of the study that ends FINISHED; FAILED with a one-line reason; or, where
+    the step was refused (`Refusal`), KILLED with the reason and `gradshare.refusal=true`, so
+    that the UI tells a refusal from a failure at a glance.
+
+    The study must exist (`create=False`: a step on an unknown study is refused before any run,
+    `existing_study`). Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to
+    the study's experiment; otherwise starts a new one there. On stderr: the reason in one line
+    first; an unexpected error's traceback goes to the run's `failure/traceback.txt`.
+    """
+    import mlflow
+
+    exp_id = setup(study, create=create)
+    # Taken out of the environment: a later start_run(nested=True) would otherwise resume
+    # this run instead of creating a child.
+    run_id = os.environ.pop("MLFLOW_RUN_ID", None)
+    if run_id and connection.client().get_run(run_id).info.experiment_id != exp_id:
+        print(f"[gradshare] launcher run {run_id} is outside experiment {study!r}; "
+              f"starting the step's run in {study!r} (use --experiment-name {study})", file=sys.stderr)
+        run_id = None
+    if run_id and connection.client().get_run(run_id).info.status != "RUNNING":
+        # A sweep took the launcher's run for an orphan before this step could tag it (a slow
+        # environment build): the step is alive after all, so the reason no longer holds.
+        connection.client().delete_tag(run_id, FAILURE)
+    run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
+                           log_system_metrics=system_metrics)
+    status, end_tags, texts = "FAILED", {}, {}
+    try:
+        mlflow.set_tags(study_tags(study, step, plan_sha, arm) | orphans.process_tags())
+        yield run
+        status = "FINISHED"
+    except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (`stop_on_sigterm`) with its words
+            reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
+        else:
+            reason = connection.one_line(exc)
+        end_tags = {FAILURE: reason}
+        if isinstance(exc, Refusal):  # nothing was attempted: KILLED, MLflow's other terminal status
+            status = "KILLED"
+            end_tags |= {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
+        print(f"[gradshare] {step}{f' {arm}' if arm else ''} "
+              f"{'refused' if status == 'KILLED' else 'FAILED'}: {reason}", file=sys.stderr, flush=True)
+        if not isinstance(exc, StudyError):  # a user's error needs no traceback; anything else keeps one
+            texts[TRACEBACK] = traceback.format_exc()
+        raise SystemExit(1) from None
+    finally:
+        stored = False
+        try:  # whatever happened above, the run does not stay RUNNING
+            stored = end_run(run.info.run_id, status, end_tags, texts)
+        finally:
+            if texts and stored:
+                print(f"[gradshare] its traceback: {TRACEBACK} of run {run.info.run_id} (`mlflow artifacts "
+                      f"download -r {run.info.run_id} -a {TRACEBACK}`)", file=sys.stderr, flush=True)
+            elif texts:  # the store did not take it: the traceback is not lost
+                print(texts[TRACEBACK], file=sys.stderr, end="", flush=True)
+
+
+def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None = None) -> bool:
+    """End the step's run with its tags, first logging `texts` (`{artifact_file: text}`) to it;
+    returns whether the store took them (the caller prints them where it did not). Where the
+    server does not answer, or the run's earlier records still wait in its outbox, the end waits
+    there behind them (`gradshare upload`)."""
+    import mlflow
+
+    box = outbox.Outbox(run_id, grace_s=0)
+    if not box.pending() and outbox.reachable():
+        stored = _log_texts(texts or {})
+        if tags:
+            mlflow.set_tags(tags)
+        mlflow.end_run(status)
+        shutil.rmtree(box.dir, ignore_errors=True)  # every record is in the store: nothing to keep
+        return stored
+    box.end(status, tags)
+    with outbox.fast_fail():
+        try:
+            mlflow.end_run(status)  # takes the run off this process's stack; its server call may fail
+        except Exception:  # noqa: BLE001 - the end is in the journal
+            pass
+    if box.pending():
+        print(f"[gradshare] the tracking server does not answer: the run's end ({status}) and "
+              f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    return False
+
+
+def _log_texts(texts: dict[str, str]) -> bool:
+    """Text artifacts of the active run; False where the store refused one (the run still ends)."""
+    import mlflow
+
+    try:
+        for artifact_file, text in texts.items():
+            mlflow.log_text(text, connection.safe_artifact_path(artifact_file))
+    except Exception:  # noqa: BLE001 - a full or read-only artifact store must not keep the run open
+        return False
+    return True

@@ -1,0 +1,108 @@
+"""Fault injection for the failure-path tests: every switch is read here, nowhere else.
+
+    GRADSHARE_INJECT_NAN_AT=U     the loss of update U (1-based) is NaN on every rank,
+                                  so the run must end FAILED as diverged
+    GRADSHARE_INJECT_HANG_AT=U:R  rank R sleeps for ever at the start of update U, so the
+                                  other ranks must time out rather than wait for ever
+    GRADSHARE_INJECT_KILL_AT=U:R  rank R is killed (SIGKILL, no cleanup) at the start of update U
+    GRADSHARE_INJECT_SLOW_S=S     every update takes S seconds longer (rank 0 sleeps inside
+                                  the update's clock), so that deadlines and budgets are reached
+    GRADSHARE_INJECT_PERTURB_RANK=R   after the last update, rank R adds 1e-3 to one weight of
+                                  its replica, so that the replicas' check must fail the arm
+    GRADSHARE_INJECT_KILL_LAUNCHER=1  once rank 0 has written the final checkpoint, the train step
+                                  that launched the workers is killed (SIGKILL): the workers
+                                  must record the arm without it
+
+Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from gradshare.train.env import DRIVER_PID_ENV
+
+# Lazy imports: torch inside the functions that use them. Each costs a second or
+# more to import; the commands and processes that load this module only for its names, refusals or
+# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
+
+NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
+HANG_ENV = "GRADSHARE_INJECT_HANG_AT"
+SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
+KILL_ENV = "GRADSHARE_INJECT_KILL_AT"
+KILL_LAUNCHER_ENV = "GRADSHARE_INJECT_KILL_LAUNCHER"
+PERTURB_ENV = "GRADSHARE_INJECT_PERTURB_RANK"
+
+
+@dataclass(frozen=True)
+class Faults:
+    nan_at: int = 0  # update; 0: never
+    hang_at: int = 0
+    hang_rank: int = 0
+    slow_s: float = 0.0
+    kill_at: int = 0
+    kill_rank: int = 0
+    kill_launcher: bool = False
+    perturb_rank: int = -1  # -1: none
+
+    def after_training(self, model, rank: int) -> None:
+        if self.perturb_rank == rank:
+            import torch
+
+            name, p = list(model.named_parameters())[-1]
+            with torch.no_grad():
+                p.view(-1)[0] += 1e-3
+            print(f"[gradshare] fault injection ({PERTURB_ENV}): rank {rank} perturbed {name}", flush=True)
+
+    def after_checkpoint(self) -> None:
+        if self.kill_launcher:
+
+            pid = int(os.environ[DRIVER_PID_ENV])
+            print(f"[gradshare] fault injection ({KILL_LAUNCHER_ENV}): the launcher (pid {pid}) killed",
+                  flush=True)
+            os.kill(pid, signal.SIGKILL)
+
+    def during_update(self, rank: int, sleep=time.sleep) -> None:
+        if self.slow_s and rank == 0:
+            sleep(self.slow_s)
+
+    def update_start(self, update: int, rank: int, sleep=time.sleep) -> None:
+        if self.kill_at and update == self.kill_at and rank == self.kill_rank:
+            print(f"[gradshare] fault injection ({KILL_ENV}): rank {rank} killed at update {update}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.hang_at and update == self.hang_at and rank == self.hang_rank:
+            # every rank prints this, not only rank 0: the log must say which rank went quiet
+            print(f"[gradshare] fault injection ({HANG_ENV}): rank {rank} hangs at update {update}",
+                  flush=True)
+            while True:  # a hang, not an exit: the process stays alive and silent
+                sleep(3600)
+
+    def loss(self, update: int, loss: float) -> float:
+        return float("nan") if self.nan_at and update == self.nan_at else loss
+
+
+def from_env(env=None) -> Faults:
+    env = os.environ if env is None else env
+    nan = env.get(NAN_ENV, "").strip()
+    hang = env.get(HANG_ENV, "").strip()
+    slow = env.get(SLOW_ENV, "").strip()
+    kill = env.get(KILL_ENV, "").strip()
+    try:
+        kill_at, kill_rank = (int(x) for x in kill.split(":")) if kill else (0, 0)
+        nan_at = int(nan) if nan else 0
+        hang_at, hang_rank = (int(x) for x in hang.split(":")) if hang else (0, 0)
+        slow_s = float(slow) if slow else 0.0
+    except ValueError:
+        raise ValueError(f"fault injection: {NAN_ENV}={nan!r} must be an update number, "
+                         f"{HANG_ENV}={hang!r} and {KILL_ENV}={kill!r} must be UPDATE:RANK (e.g. 3:1) and "
+                         f"{SLOW_ENV}={slow!r} "
+                         f"seconds; unset them to train without faults") from None
+    launcher = env.get(KILL_LAUNCHER_ENV, "").strip().lower() in ("1", "true", "yes")
+    perturb = env.get(PERTURB_ENV, "").strip()
+    try:
+        perturb_rank = int(perturb) if perturb else -1
+    except ValueError:
+        raise ValueError(f"fault injection: {PERTURB_ENV}={perturb!r} must be a rank (e.g. 1)") from None
+    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank)

@@ -1,0 +1,150 @@
+"""`analyze`: verdicts from the tracking store, checked against independent statistics. (The
+report's pieces on records made by hand: tests/unit/analysis/test_report.py.)"""
+import json
+
+import numpy as np
+import pytest
+import scipy.stats as sps
+
+from gradshare.util.jsonio import read_jsonl
+from gradshare.tracking import connection
+from gradshare.tracking import study_runs
+from tests.conftest import run_entry
+
+pytestmark = pytest.mark.e2e
+
+
+def _analyze(study, tmp_path, name):
+    proc = run_entry("analyze", "--study", study)
+    run = study_runs.search(study, "analyze", status="FINISHED")[-1]
+    d = tmp_path / name
+    files = {p: study_runs.download(run.info.run_id, p, d) for p in ("verdicts.json", "report.md", "report.html")}
+    return run, files | {"stdout": proc.stdout}
+
+
+@pytest.fixture(scope="module")
+def analysed(scored_study, tmp_path_factory):
+    study = scored_study
+    tmp = tmp_path_factory.mktemp("analysis")
+    run, files = _analyze(study, tmp, "first")
+    return study, run, files, tmp
+
+
+def _per_case(study, model, tmp_path):
+    [run] = study_runs.search(study, "score", model, status="FINISHED")
+    d = tmp_path / f"pc-{model}"
+    return ({r["case_id"]: r for r in read_jsonl(study_runs.download(run.info.run_id, "per_case/test.jsonl", d))},
+            {r["probe_id"]: r for r in read_jsonl(study_runs.download(run.info.run_id, "per_case/retention.jsonl", d))})
+
+
+def test_paired_changes_and_retention_match_scipy_on_the_studys_per_case_data(analysed):
+    study, _, files, tmp = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    data = {m: _per_case(study, m, tmp) for m in ("seed", "single", "dense", "powersgd")}
+    for a, b in (("powersgd", "seed"), ("powersgd", "single"), ("powersgd", "dense"),
+                 ("single", "seed"), ("dense", "seed")):
+        ids = sorted(data[a][0])
+        d = np.array([data[a][0][i]["correct"] - data[b][0][i]["correct"] for i in ids], float)
+        se = 0.0 if np.all(d == d[0]) else float(sps.sem(d))
+        got = v[f"{a}-{b}"]
+        assert got["n"] == len(ids)
+        assert got["mean"] == pytest.approx(d.mean(), abs=1e-12)
+        assert got["se"] == pytest.approx(se, abs=1e-12)
+        assert got["lo"] == pytest.approx(d.mean() - 1.96 * se, abs=1e-12)
+        b01 = int(np.sum(d > 0)); b10 = int(np.sum(d < 0))
+        p = 1.0 if b01 + b10 == 0 else sps.binomtest(min(b01, b10), b01 + b10, 0.5).pvalue
+        assert got["mcnemar"]["p"] == pytest.approx(p)
+    ids = sorted(data["seed"][1])
+    d = np.array([data["powersgd"][1][i]["nll_nats"] - data["seed"][1][i]["nll_nats"] for i in ids])
+    r = v["retention_change"]["powersgd"]
+    assert r["mean"] == pytest.approx(d.mean()) and r["upper"] == pytest.approx(d.mean() + 1.96 * sps.sem(d))
+
+
+def test_screens_are_decided_from_the_declared_thresholds(analysed):
+    study, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    q = v["quality_screen"]
+    gain = 100 * v["powersgd-seed"]["mean"]
+    assert q["checks"]["task_gain"]["value_pp"] == pytest.approx(gain)
+    expected = (gain >= 10 and v["retention_change"]["powersgd"]["upper"] <= 0.02
+                and 100 * v["powersgd-single"]["lo"] >= -3 and 100 * v["powersgd-dense"]["lo"] >= -3)
+    assert q["pass"] is expected
+    s = v["speed_screen"]
+    tps = {a: study_runs.search(study, "train", a, status="FINISHED")[0].data.metrics["perf/active_tokens_per_s"]
+           for a in ("single", "powersgd")}
+    assert s["ratio"] == pytest.approx(tps["powersgd"] / tps["single"])
+    assert s["pass"] is (s["ratio"] >= 1.10)
+    assert run.data.tags["gradshare.quality_screen"] in ("pass", "fail")
+    for arm in ("single", "dense", "powersgd"):
+        c = v["cost"][arm]
+        assert c["usd"] == pytest.approx(c["host_hours"] * 0.1008)  # a CPU run: priced as the CPU host
+        assert c["usd_on_study_hosts"] == pytest.approx(c["host_hours"] * 2.24208)  # g6e: projection only
+        assert c["gpu_s_total"] >= c["gpu_s_active"] > 0
+
+
+def test_the_analyze_run_shows_the_verdict_as_columns_of_the_runs_table(analysed):
+    """The figures each screen is decided on, each finished arm's cost, and each screen's word,
+    as the analyze run's metrics and params, equal to what its verdicts.json says."""
+    _, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    q, s, m = v["quality_screen"]["checks"], v["speed_screen"], run.data.metrics
+    expected = {
+        "verdict/task_gain_pp": q["task_gain"]["value_pp"],
+        "verdict/task_gain_lo_pp": 100 * v["powersgd-seed"]["lo"],
+        "verdict/retention_upper_nats": q["retention"]["upper_nats"],
+        "verdict/noninferior_single_lo_pp": q["noninferior_to_single"]["lower_pp"],
+        "verdict/noninferior_dense_lo_pp": q["noninferior_to_dense"]["lower_pp"],
+        "verdict/speed_ratio": s["ratio"],
+        **{f"cost/{arm}/{k}": v["cost"][arm][k] for arm in ("single", "dense", "powersgd")
+           for k in ("gpu_s_total", "usd", "cross_zone_usd")}}
+    for key, value in expected.items():
+        assert m[key] == pytest.approx(value, rel=1e-12, abs=1e-15), key
+    words = {True: "pass", False: "fail"}
+    assert run.data.params["quality_screen"] == words[v["quality_screen"]["pass"]]
+    assert run.data.params["speed_screen"] == words[s["pass"]]
+
+
+def test_the_report_shows_tables_and_self_contained_plots(analysed):
+    _, run, files, _ = analysed
+    md, page = files["report.md"].read_text(), files["report.html"].read_text()
+    for needle in ("Accuracy by family", "Paired changes", "Retention change", "Cost", "Attempts",
+                   "Where the arms ran", "Projection (`gradshare project`)", "The study's hosts"):
+        assert needle.replace("`", "") in page.replace("<code>", "").replace("</code>", "") and needle in md
+    # this study's two-process arms ran on one host: the link table and a loud line say so
+    assert "| dense | loopback: both ranks on one host, no byte crossed a link |" in md
+    assert "A two-process arm exchanged over loopback" in md
+    assert page.count("data:image/png;base64,") == 7 and "src=\"http" not in page
+    assert "<table>" in page and "<pre><code>" in page and "**" not in page
+    names = {a.path for a in connection.client().list_artifacts(run.info.run_id)}
+    assert {"accuracy_by_family.png", "loss_curves.png", "throughput.png", "cumulative_wire_bytes.png",
+            "projected_speed_ratio.png"} <= names
+
+
+def test_the_verdicts_do_not_change_when_the_analysis_runs_twice(analysed):
+    study, _, files, tmp = analysed
+    _, again = _analyze(study, tmp, "second")
+    assert again["verdicts.json"].read_bytes() == files["verdicts.json"].read_bytes()
+
+
+def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partial_scored, tmp_path):
+    study = partial_scored
+    _, files = _analyze(study, tmp_path, "partial")
+    v = json.loads(files["verdicts.json"].read_text())
+    assert v["quality_screen"]["pass"] is None and v["speed_screen"]["pass"] is None
+    assert "unavailable" in v["quality_screen"]["reason"] and "unavailable" in v["speed_screen"]["reason"]
+    assert v["arms"]["powersgd"]["status"] == "FAILED" and v["arms"]["dense"]["status"] == "FAILED"
+    assert "diverged" in v["arms"]["dense"]["failure_reason"]
+    assert v["powersgd-seed"]["mean"] is None and v["single-seed"]["mean"] is not None
+    assert v["cost"]["powersgd"] is None
+    md = files["report.md"].read_text()
+    assert "| powersgd | FAILED |" in md and "unavailable" in md and "diverged" in md
+    attempts = md[md.index("## Attempts"):md.index("## Plots")]
+    assert any(line.startswith("| dense |") and "FAILED" in line and "the arm's reason, in the verdict table" in line
+               for line in attempts.splitlines())
+    # every reason once, in its arm's row: the pairs, the screens, the cost, the projection and
+    # the attempts name the arm (analyze once printed a failed arm's reason seven times)
+    for arm in ("dense", "powersgd"):
+        reason = v["arms"][arm]["failure_reason"]
+        assert files["stdout"].count(reason) == 1 and md.count(reason) == 1, (arm, reason)
+    assert "no data: powersgd FAILED" in files["stdout"] and "missing: powersgd FAILED" in files["stdout"]
+    assert v["quality_screen"]["missing"]["dense"] == v["arms"]["dense"]["failure_reason"]  # the record keeps it

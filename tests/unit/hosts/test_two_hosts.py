@@ -1,0 +1,132 @@
+"""Two emulated hosts (network namespaces, a tc-shaped veth link, `gradshare.hosts.netns`): the
+link runs at the plan's rate; `scripts/two_hosts.py` holds them and tears them down; nothing is
+left behind; where they cannot be made the study falls back to loopback and says why. (The first
+command's arms across them, metered: tests/e2e/test_two_hosts_study.py.)
+
+Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gradshare.hosts import netns
+from gradshare.contract.plan import load_plan
+from tests.conftest import REPO, SMALL
+
+REASON = netns.unavailable()
+needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
+
+PLAN = load_plan("tiny", SMALL)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with netns.two_hosts(PLAN.link.rate_mbit) as h:
+        yield h
+    assert not set(h.ns) & set(netns.leftovers())
+
+
+@needs_hosts
+def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
+    for sender in (0, 1):
+        # TCP goodput: the rate less headers (~4%) and the start of the stream
+        assert 0.85 * PLAN.link.rate_mbit <= netns.measure_mbit(hosts, 2.0, sender) <= 1.02 * PLAN.link.rate_mbit
+
+
+@needs_hosts
+def test_teardown_leaves_no_namespace_behind_on_failure_too():
+    with pytest.raises(RuntimeError, match="boom"):
+        with netns.two_hosts(100) as h:
+            assert set(h.ns) <= set(netns.leftovers())
+            raise RuntimeError("boom")
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert all(name not in listed for name in h.ns)
+    assert not os.path.exists(f"/sys/class/net/gs{h.tag}a")
+
+
+@needs_hosts
+def test_the_script_holds_two_hosts_until_stopped_and_then_leaves_nothing():
+    import signal
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "up", "--rate-mbit", "50"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    made = [n for n in netns.leftovers() if n in "".join(lines)]
+    assert len(made) == 2 and "198.18.0.1" in lines[0] and "--machine_rank" not in lines[0]
+    assert any("machine_rank=1" in line and "GLOO_SOCKET_IFNAME=gslink" in line for line in lines)
+    proc.send_signal(signal.SIGTERM)
+    assert "torn down" in proc.communicate(timeout=60)[0] and proc.returncode == 0
+    assert not set(made) & set(netns.leftovers())
+    down = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
+                          capture_output=True, text=True)
+    assert down.returncode == 0 and "removed" in down.stdout
+
+
+@needs_hosts
+def test_the_scripts_run_refuses_a_study_that_was_never_prepared_and_makes_no_host(mlflow_server):
+    """`two_hosts.py run` is `emulated.run_arm_across`, the function the first command's arms
+    ran through above; here only its own wiring: the study is read before any host is made."""
+    before = set(netns.leftovers())
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "run", "--study",
+                           "never-prepared", "--arm", "dense"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "has no finished prepare run" in proc.stderr, proc.stderr[-2000:]
+    assert set(netns.leftovers()) == before
+
+
+@needs_hosts
+def test_down_removes_only_namespaces_whose_maker_is_gone():
+    from gradshare.hosts.netns import setup
+    # a pair made for a process that no longer exists: what a killed user leaves behind
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    orphan = setup(10, tag=f"{dead}x0000")
+    with netns.two_hosts(10) as live:
+        assert set(orphan.ns) <= set(netns.leftovers(stale=True))
+        assert not set(live.ns) & set(netns.leftovers(stale=True))
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "two_hosts.py"), "down"],
+                             capture_output=True, text=True).stdout
+        assert all(n in out for n in orphan.ns) and set(live.ns) <= set(netns.leftovers())
+    assert not (set(orphan.ns) | set(live.ns)) & set(netns.leftovers())
+
+
+def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "root" in netns.unavailable()
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    assert "`tc` is not installed" in netns.unavailable()
+
+
+def test_without_namespaces_the_study_falls_back_to_loopback_and_says_why(monkeypatch):
+    from gradshare.steps import emulated
+    monkeypatch.setattr(netns, "unavailable", lambda: "network namespaces need root (this process is not root)")
+    link = emulated.choose_link("auto", PLAN)
+    assert not link.emulated
+    assert link.note == ("loopback: both ranks on one host, no byte crossed a link (network namespaces need "
+                         "root (this process is not root))")
+    asked = emulated.choose_link("loopback", PLAN)
+    assert not asked.emulated and asked.note.startswith("loopback: both ranks on one host, as asked (hosts=loopback)")
+    with pytest.raises(SystemExit, match="hosts=emulated: cannot make emulated hosts here: network namespaces"):
+        emulated.choose_link("emulated", PLAN)
+    with pytest.raises(SystemExit, match="choose one of auto, emulated, loopback"):
+        emulated.choose_link("namespaces", PLAN)
+
+
+def test_a_tracking_server_off_this_machine_keeps_the_arms_on_loopback(monkeypatch):
+    import mlflow
+
+    from gradshare.steps import emulated
+    monkeypatch.setattr(netns, "unavailable", lambda: None)
+    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "http://10.1.2.3:5000")
+    link = emulated.choose_link("auto", PLAN)
+    assert not link.emulated and "http://10.1.2.3:5000 is not on this machine's loopback" in link.note
+    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "sqlite:///mlflow.db")
+    assert emulated.choose_link("auto", PLAN).emulated
+    assert emulated.choose_link("auto", PLAN).note.startswith("emulated: two hosts (network namespaces) joined by a 22")

@@ -1,0 +1,60 @@
+"""The one-line reason of a failed launch (`gradshare.train.failures`), from torch elastic's own
+failure summary (made here by torch's `ChildFailedError`, not written by hand) and the ranks'
+own reason files."""
+from __future__ import annotations
+
+import signal
+import socket
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+from gradshare.train import failures
+from gradshare.train.workdir import WORKERS_LOG
+
+
+def _summary(exits: dict[int, int]) -> str:
+    """torch elastic's summary for ranks that ended with these exit codes (negative: a signal)."""
+    procs = {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="")
+             for rank, code in exits.items()}
+    return "Traceback (most recent call last):\n  ...\n" + str(ChildFailedError("gradshare.train.worker", procs))
+
+
+def test_the_launchers_summary_names_each_failed_rank_its_exit_and_host():
+    exits = failures.launcher_exits(_summary({0: 1, 1: -signal.SIGKILL}))
+    assert sorted((e.rank, e.exitcode) for e in exits) == [(0, 1), (1, -9)]
+    assert {e.host for e in exits} == {socket.getfqdn()}
+    assert {e.rank: e.signal_name for e in exits} == {0: None, 1: "SIGKILL"}
+
+
+def test_a_rank_killed_by_a_signal_is_the_cause_not_the_peer_that_lost_it(tmp_path):
+    (tmp_path / "failure.rank0.txt").write_text("RuntimeError: [../third_party/gloo/...] Connection closed by peer "
+                                                "[198.18.0.2]:29500 " + "x" * 900)
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: -signal.SIGKILL}))
+    reason, details = failures.explain(tmp_path, "dense", 1)
+    assert reason == (f"arm dense: rank 1 on host {socket.getfqdn()} was killed by SIGKILL (exit code -9)")
+    assert "Connection closed by peer" in details and "exitcode" in details  # the chain, kept whole
+
+
+def test_a_study_limit_or_divergence_is_passed_on_in_its_own_words(tmp_path):
+    (tmp_path / "failure.rank1.txt").write_text("RuntimeError: peer gone")
+    (tmp_path / "failure.rank0.txt").write_text("deadline: the study's deadline passes after update 3")
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: 1}))
+    assert failures.explain(tmp_path, "dense", 1)[0] == "deadline: the study's deadline passes after update 3"
+
+
+def test_one_process_killed_reads_from_accelerates_simple_launcher(tmp_path):
+    (tmp_path / WORKERS_LOG).write_text(
+        "subprocess.CalledProcessError: Command '['python', '-m', 'gradshare.train.worker']' died with "
+        "<Signals.SIGKILL: 9>.\n")
+    reason, _ = failures.explain(tmp_path, "single", 1)
+    assert reason == (f"arm single: rank 0 on host {socket.gethostname()} was killed by SIGKILL (exit code -9)")
+
+
+def test_a_rank_that_failed_on_its_own_is_named_with_its_reason(tmp_path):
+    (tmp_path / "failure.rank1.txt").write_text("ValueError: bad shard")
+    (tmp_path / WORKERS_LOG).write_text(_summary({1: 1}))
+    assert failures.explain(tmp_path, "dense", 1)[0] == (f"arm dense: rank 1 on host {socket.getfqdn()} failed: "
+                                                          f"ValueError: bad shard")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert failures.explain(empty, "dense", 3)[0] == "arm dense: a worker process exited with code 3 and left no reason"
