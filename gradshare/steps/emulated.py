@@ -36,7 +36,7 @@ from gradshare.train.env import LINK_ENV, RATE_ENV
 # more to import; the commands and processes that load this module only for its names, refusals or
 # arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: its MLproject launches every step
 MODES = ("auto", "emulated", "loopback")
 RENDEZVOUS_PORT = 29500  # on host 0's link address: a fresh namespace, nothing else listens there
 # After machine rank 0 ends, how long host 1 may take to notice and exit before teardown kills it.

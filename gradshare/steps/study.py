@@ -35,7 +35,7 @@ from gradshare.train.env import LINK_ENV
 # more to import; the commands and processes that load this module only for its names, refusals or
 # arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout: its MLproject launches every step
 
 
 def _step(entry: str, study: str, params: dict) -> tuple[bool, float]:
