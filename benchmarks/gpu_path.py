@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu_configs, workloads  # noqa: E402
+from gradshare.contract.tags import STEP  # noqa: E402
 
 # Essential first: every arm, the cap's reason, each lever off (graphs, packing), the reference;
 # then the stand-ins; then the variants measured and not taken (BENCHMARKS.md, 2026-12-04).
@@ -220,7 +221,7 @@ def log_to_mlflow(path: Path, experiment: str) -> str:
     data = json.loads(path.read_text())
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=f"gpu-path-{data['env']['device']}") as run:
-        mlflow.set_tags({"gradshare.step": "benchmark", **{f"env.{k}": str(v) for k, v in data["env"].items()}})
+        mlflow.set_tags({STEP: "benchmark", **{f"env.{k}": str(v) for k, v in data["env"].items()}})
         if (data.get("calibrate") or {}).get("matmul_tflops"):
             mlflow.log_metric(M.BENCH_MATMUL_TFLOPS, data["calibrate"]["matmul_tflops"])
         for r in table_rows(data):

@@ -55,7 +55,7 @@ def main(argv=None) -> None:
         if isinstance(exc, KeyboardInterrupt):
             text = "stopped by the user (interrupt)"
         elif isinstance(exc, SystemExit) and (exc.code is None or isinstance(exc.code, int)):
-            text = "a step of the study failed: see that step's gradshare.failure_reason"
+            text = f"a step of the study failed: see that step's {FAILURE}"
         tag(FAILURE, text or type(exc).__name__)
         raise
     print("\n[gradshare] step seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))

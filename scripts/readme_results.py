@@ -13,7 +13,8 @@ content, the inputs hash): `--check` compares exactly this with a fresh run of t
 commit. Its `Versions:` line records those versions (the ones prepare's manifest records,
 `gradshare.util.sources`) as installed where the block was written; `constraints.txt` installs
 them. When a line differs, `--check` names every version that differs, installed vs
-recorded, and exits 1. "Measured" (step seconds, throughput, the speed ratio, dollars)
+recorded, and the CPU when it is another kind than the block's (the seed model is pre-trained
+on the CPU, and its rounding follows the CPU's kernels), and exits 1. "Measured" (step seconds, throughput, the speed ratio, dollars)
 moves with the machine and its load: it is given as measured, with the machine, the
 commit and the date, and is never compared.
 
@@ -122,14 +123,22 @@ def version_differences(installed: dict[str, str], recorded: dict[str, str]) -> 
             for n in names if installed.get(n) != recorded.get(n)]
 
 
-def machine() -> str:
-    cpu = ""
+def cpu_model() -> str:
     try:
-        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                   if l.startswith("model name"))
+        return next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                    if l.startswith("model name"))
     except (OSError, StopIteration):
-        cpu = platform.processor()
-    return f"{os.cpu_count()} cores ({cpu})"
+        return platform.processor()
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores ({cpu_model()})"
+
+
+def recorded_cpu(block: str) -> str | None:
+    """The CPU model the block's Measured line names, or None."""
+    m = re.search(r"\*\*Measured\*\* on \d+ cores \((.*?)\)(?= with|,| —|$)", block, re.M)  # "Intel(R) Xeon(R)" holds brackets
+    return m.group(1) if m else None
 
 
 def commit() -> str:
@@ -147,9 +156,9 @@ def block(r: dict) -> str:
         f"Written by `scripts/readme_results.py` from a run of the first command above at commit "
         f"{commit()} on {dt.date.today().isoformat()}.",
         "",
-        "**Reproduces exactly** (same commit, the versions below, which `constraints.txt` installs: "
-        "`python scripts/readme_results.py --check` runs the command, compares, and names any version "
-        "that differs):",
+        "**Reproduces exactly** (same commit, the versions below, which `constraints.txt` installs, and "
+        "the same kind of CPU as the Measured line's: `python scripts/readme_results.py --check` runs the "
+        "command, compares, and names any version or CPU that differs):",
         "",
         "```", *exact_part(r), "```",
         "",
@@ -196,6 +205,14 @@ def check(got: list[str], block: str, installed: dict[str, str]) -> tuple[bool, 
     else:
         out += ["Every recorded version is installed here: the difference is the code's or the machine's, "
                 "not a package's."]
+    here, there = cpu_model(), recorded_cpu(block)
+    if there is not None and here != there:
+        # Measured at 03bf50e: the same commit and versions gave inputs_sha256 2874… on an AMD EPYC
+        # and 0411… on an Intel Xeon; prepare pre-trains the seed model in float arithmetic whose
+        # rounding (BLAS kernels) follows the CPU, so its weights and everything after them move.
+        out += [f"The CPU differs: here {here}, the block's {there}. prepare pre-trains the seed model on "
+                "the CPU, and its rounding follows the CPU's kernels: on another kind of CPU the inputs "
+                "hash and every number after it may differ with the same code and versions."]
     return False, out
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from gradshare.hosts import netns  # noqa: E402
 from gradshare.contract.plan import LinkPlan  # noqa: E402
+from gradshare.contract.tags import FAILURE  # noqa: E402
 
 
 def _need_hosts() -> None:
@@ -72,7 +73,7 @@ def run(args) -> None:
     ok = run_arm_across(args.study, args.arm, plan.link.rate_mbit,
                         plan.arms.timeout_s(plan.schedule.updates) + 300)
     if not ok:
-        raise SystemExit(f"two_hosts run: arm {args.arm} ended FAILED: see its run's gradshare.failure_reason")
+        raise SystemExit(f"two_hosts run: arm {args.arm} ended FAILED: see its run's {FAILURE}")
 
 
 def down(args) -> None:

@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from gradshare.contract.tags import REFUSAL
+from gradshare.contract.tags import FAILURE, REFUSAL
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
 
@@ -40,8 +40,8 @@ COLUMNS = {"params.`quality_screen`": 125, "params.`speed_screen`": 115, "metric
            "metrics.`verdict/task_gain_pp`": 160, "metrics.`verdict/task_gain_lo_pp`": 170,
            "metrics.`verdict/retention_upper_nats`": 225, "metrics.`verdict/noninferior_single_lo_pp`": 240,
            "metrics.`verdict/noninferior_dense_lo_pp`": 240, "metrics.`cost/powersgd/usd`": 165,
-           "metrics.`cost/powersgd/gpu_s_total`": 215, "tags.`gradshare.refusal`": 130,
-           "tags.`gradshare.failure_reason`": 520}  # column: its width in pixels
+           "metrics.`cost/powersgd/gpu_s_total`": 215, f"tags.`{REFUSAL}`": 130,
+           f"tags.`{FAILURE}`": 520}  # column: its width in pixels
 
 
 class DevTools:

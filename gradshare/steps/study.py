@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from gradshare.contract.plan import load_plan
-from gradshare.contract.tags import REFUSAL
+from gradshare.contract.tags import FAILURE, REFUSAL
 from gradshare.cost.guard import start_detached
 from gradshare.steps.emulated import (
     absolute_tracking_env,
@@ -72,7 +72,7 @@ def _arm_across(study: str, arm: str, plan) -> tuple[bool, float]:
     # the driver stops the arm at the plan's limit; this one only catches a launch that never ends
     ok = run_arm_across(study, arm, plan.link.rate_mbit, plan.arms.timeout_s(plan.schedule.updates) + 300)
     if not ok:
-        print(f"[gradshare] train arm={arm} ended FAILED: see its run's gradshare.failure_reason", flush=True)
+        print(f"[gradshare] train arm={arm} ended FAILED: see its run's {FAILURE}", flush=True)
     return ok, time.perf_counter() - t0
 
 
@@ -93,7 +93,7 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     timings = {}
     ok, timings["prepare"] = _step("prepare", study, {"profile": profile, **overrides})
     if not ok:
-        raise SystemExit("prepare failed: see its run's gradshare.failure_reason")
+        raise SystemExit(f"prepare failed: see its run's {FAILURE}")
     if plan.infra.instance_ids:  # the hosts stop at the deadline even if this process dies
 
         guard = start_detached(study)
@@ -112,7 +112,7 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     for entry in ("commit", "score", "analyze"):
         ok, timings[entry] = _step(entry, study, {})
         if not ok:
-            raise SystemExit(f"{entry} failed: see its run's gradshare.failure_reason")
+            raise SystemExit(f"{entry} failed: see its run's {FAILURE}")
     return timings
 
 

@@ -61,7 +61,7 @@ def verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Pat
     registered = prep.data.tags.get(INPUTS_SHA)
     if tree_sha256(manifest["files"]) != manifest["inputs_sha256"] or manifest["inputs_sha256"] != registered:
         raise StudyError(f"inputs/manifest.json of prepare run {prep.info.run_id} does not hash to the "
-                           f"registered gradshare.inputs_sha256; refusing unregistered inputs")
+                           f"registered {INPUTS_SHA}; refusing unregistered inputs")
 
     def chosen(path: str) -> bool:
         return any(path == w or path.startswith(w + "/") for w in wanted)

@@ -57,6 +57,9 @@ from gradshare.train.launch import launch_problem
 # more to import; the commands and processes that load this module only for its names, refusals or
 # arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
+# The module each rank runs (named from this package's own, so no module path is spelled out).
+WORKER_MODULE = f"{__package__}.worker"
+
 # Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
 STOP_GRACE_S = 10
 
@@ -125,7 +128,7 @@ def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Lau
         cmd += ["--num_cpu_threads_per_process", str(threads)]
     elif n == 1 and plan.hardware.device == "cpu":
         cmd += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
-    return cmd + ["-m", "gradshare.train.worker", "--workdir", str(workdir), "--arm", arm,
+    return cmd + ["-m", WORKER_MODULE, "--workdir", str(workdir), "--arm", arm,
                   "--run-id", run_id]
 
 

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
+from gradshare.cost import limits
+from gradshare.cost.volume import GB
 from gradshare.util.jsonio import read_jsonl
-from gradshare.tracking import connection
+from gradshare.tracking import connection, store
 from gradshare.tracking import study_runs
 from tests.conftest import run_entry
 
@@ -148,3 +150,20 @@ def test_a_study_whose_candidate_failed_reports_it_with_both_screens_null(partia
         assert files["stdout"].count(reason) == 1 and md.count(reason) == 1, (arm, reason)
     assert "no data: powersgd FAILED" in files["stdout"] and "missing: powersgd FAILED" in files["stdout"]
     assert v["quality_screen"]["missing"]["dense"] == v["arms"]["dense"]["failure_reason"]  # the record keeps it
+
+
+def test_the_reports_projected_cross_zone_dollars_are_the_budget_checks_for_the_same_study(analysed):
+    """One cross-zone formula (`gradshare.cost.volume`): the dollars the report projects from each
+    arm's logged logical bytes are the dollars the budget check projects for that arm before it
+    starts, from the study's recorded parameter shapes."""
+    study, _, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    report = files["report.md"].read_text()
+    prep, plan = store.prepared_plan(study)
+    shapes = limits.prepared_shapes(prep, plan)
+    for arm in plan.arms.names:
+        budget_usd = limits.expected_cross_bytes(plan, arm, shapes) / GB * plan.infra.cross_zone_usd_per_gb
+        reported = v["cost"][arm]["cross_zone_usd_projected_from_logical"]
+        assert reported == pytest.approx(budget_usd, rel=1e-12), arm
+        assert (reported > 0) is (arm != "single"), arm
+        assert f" {reported:.6f} |" in report, arm

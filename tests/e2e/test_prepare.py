@@ -131,3 +131,30 @@ def test_new_study_archives_the_old_one_and_prepares_afresh(mlflow_server):
     assert study_runs.prepare_run("renewed").info.run_id != first
     archived = [e for e in mlflow.search_experiments() if e.name.startswith("renewed@archived-")]
     assert archived and mlflow.get_run(first).info.experiment_id == archived[0].experiment_id
+
+
+def test_every_registered_input_file_is_in_the_hash_check(mlflow_server, prepared_study, tmp_path):
+    """One changed byte in any input file a step reads (first, last or between, in the manifest's
+    order) is refused naming that file: a check that skipped one file would let it through."""
+    import re
+
+    from gradshare.contract.errors import StudyError
+    from gradshare.tracking import store
+
+    prep, plan = store.prepared_plan(prepared_study)
+    wanted = tuple(dict.fromkeys(store.TRAIN_INPUTS + store.SCORE_INPUTS))
+    manifest = json.loads(study_runs.download(prep.info.run_id, "inputs/manifest.json", tmp_path / "m").read_text())
+    paths = [e["path"] for e in manifest["files"]
+             if any(e["path"] == w or e["path"].startswith(w + "/") for w in wanted)]
+    assert {p.split("/")[0] for p in paths} >= {"data", "eval", "schedule.json", "tokenizer", "seed_model"}
+    store.verified_inputs(prep, plan, tmp_path / "as-registered", wanted)  # unchanged: accepted
+    for i, rel in enumerate(paths):
+        [stored] = list(mlflow_server.artifacts.rglob(f"{prep.info.run_id}/artifacts/inputs/{rel}"))
+        original = stored.read_bytes()
+        stored.write_bytes(bytes([original[0] ^ 1]) + original[1:] if original else b"x")
+        try:
+            with pytest.raises(StudyError, match=f"input hash mismatch for {re.escape(rel)}:"):
+                store.verified_inputs(prep, plan, tmp_path / f"changed-{i}", wanted)
+        finally:
+            stored.write_bytes(original)
+    print(f"{len(paths)} input files, each refused when changed: {paths}")

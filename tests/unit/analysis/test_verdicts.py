@@ -1,4 +1,7 @@
 """The screens and the cost, decided on fabricated per-case data with known answers."""
+import math
+from dataclasses import replace
+
 import pytest
 
 from analysis.collect import ArmRecord, StudyRecord
@@ -10,8 +13,9 @@ PLAN = load_plan()
 N = 100
 
 
-def _cases(n_correct: int) -> list[dict]:
-    return [{"case_id": f"c{i:03d}", "family": "boolean_expressions", "correct": int(i < n_correct)}
+def _cases(n_correct: int, skip: int = 0) -> list[dict]:
+    """n_correct cases right, the first `skip` cases wrong before them (so that paired changes vary)."""
+    return [{"case_id": f"c{i:03d}", "family": "boolean_expressions", "correct": int(skip <= i < skip + n_correct)}
             for i in range(N)]
 
 
@@ -26,18 +30,18 @@ def _arm(name: str, tps: float, status: str = "FINISHED", reason: str | None = N
 
 
 def record(cand_correct=30, control_correct=30, seed_correct=10, cand_nll=None, tps=(100.0, 120.0, 150.0),
-           failed=None) -> StudyRecord:
-    seed_nll = [1.0, 1.25, 0.75, 1.5]  # binary fractions: differences are exact
+           failed=None, seed_nll=None, plan=PLAN, cand_skip=0) -> StudyRecord:
+    seed_nll = seed_nll or [1.0, 1.25, 0.75, 1.5]  # binary fractions: differences are exact
     cand_nll = cand_nll or [x + 0.0 for x in seed_nll]
     arms = {"single": _arm("single", tps[0]), "dense": _arm("dense", tps[1]), "powersgd": _arm("powersgd", tps[2])}
     scores = {"seed": {"test": _cases(seed_correct), "retention": _probes(seed_nll)},
               "single": {"test": _cases(control_correct), "retention": _probes(seed_nll)},
               "dense": {"test": _cases(control_correct), "retention": _probes(seed_nll)},
-              "powersgd": {"test": _cases(cand_correct), "retention": _probes(cand_nll)}}
+              "powersgd": {"test": _cases(cand_correct, cand_skip), "retention": _probes(cand_nll)}}
     if failed:
         arms[failed] = _arm(failed, 1.0, "FAILED", "training diverged: loss is nan at update 3")
         scores.pop(failed)
-    return StudyRecord("s", PLAN, "prep", {"arms": []}, arms, scores)
+    return StudyRecord("s", plan, "prep", {"arms": []}, arms, scores)
 
 
 def test_a_gain_of_20_pp_with_equal_controls_passes_the_quality_screen():
@@ -70,6 +74,60 @@ def test_retention_worse_than_two_hundredths_of_a_nat_fails():
 def test_speed_screen_threshold_is_1_10_times_single():
     assert compute(record(tps=(100.0, 100.0, 111.0)))["speed_screen"]["pass"] is True
     assert compute(record(tps=(100.0, 100.0, 109.0)))["speed_screen"]["pass"] is False
+
+
+# Each screen at exactly its threshold passes (the plan says "at least" and "at most"), and a hair
+# past it fails: a `>=` made `>` (or `<=` made `<`) is caught here.
+
+def test_a_task_gain_of_exactly_10_pp_passes():
+    v = compute(record(cand_correct=20, control_correct=20, seed_correct=10))
+    gain = v["quality_screen"]["checks"]["task_gain"]
+    assert gain["value_pp"] == 10.0 == PLAN.screen.task_gain_pp and gain["pass"] is True
+    assert v["quality_screen"]["pass"] is True
+
+
+def test_a_retention_bound_of_exactly_two_hundredths_of_a_nat_passes():
+    v = compute(record(seed_nll=[0.0] * 4, cand_nll=[0.02] * 4))  # every probe +0.02: se 0
+    check = v["quality_screen"]["checks"]["retention"]
+    assert check["upper_nats"] == 0.02 == PLAN.screen.retention_upper_nats and check["pass"] is True
+
+
+def test_a_speed_ratio_of_exactly_1_10_passes_and_a_hair_less_fails():
+    s = compute(record(tps=(100.0, 100.0, 110.0)))["speed_screen"]
+    assert s["ratio"] == 1.10 == PLAN.screen.speed_ratio and s["pass"] is True
+    assert compute(record(tps=(100.0, 100.0, math.nextafter(110.0, 0))))["speed_screen"]["pass"] is False
+
+
+def _at(value: float, toward: float) -> float:
+    return math.nextafter(value, toward)
+
+
+@pytest.mark.parametrize("check, field, threshold, stricter", [
+    ("task_gain", "value_pp", "task_gain_pp", math.inf),
+    ("retention", "upper_nats", "retention_upper_nats", -math.inf),
+    ("noninferior_to_single", "lower_pp", "noninferiority_pp", math.inf),
+    ("noninferior_to_dense", "lower_pp", "noninferiority_pp", math.inf),
+])
+def test_each_quality_check_passes_with_its_threshold_set_to_the_measured_figure_and_fails_one_ulp_past(
+        check, field, threshold, stricter):
+    # A gain of 12 pp whose cases vary (se > 0), a retention change that varies: figures no
+    # round threshold equals, so the plan's threshold is set to exactly what was measured.
+    kw = dict(cand_correct=24, control_correct=20, seed_correct=10, cand_skip=8,
+              cand_nll=[1.03125, 1.25, 0.75, 1.5])
+    measured = compute(record(**kw))["quality_screen"]["checks"][check][field]
+    assert measured not in (0.0, getattr(PLAN.screen, threshold))
+    for value, passes in ((measured, True), (_at(measured, stricter), False)):
+        plan = replace(PLAN, screen=replace(PLAN.screen, **{threshold: value}))
+        got = compute(record(plan=plan, **kw))["quality_screen"]["checks"][check]
+        assert got[field] == measured and got["pass"] is passes, (check, value)
+
+
+def test_the_speed_screen_passes_with_its_threshold_set_to_the_measured_ratio_and_fails_one_ulp_above():
+    tps = (100.0, 100.0, 113.7)
+    ratio = compute(record(tps=tps))["speed_screen"]["ratio"]
+    for value, passes in ((ratio, True), (_at(ratio, math.inf), False)):
+        plan = replace(PLAN, screen=replace(PLAN.screen, speed_ratio=value))
+        assert compute(record(tps=tps, plan=plan))["speed_screen"]["pass"] is passes, value
 
 
 def test_a_failed_control_makes_quality_null_but_speed_still_decided():

@@ -49,3 +49,28 @@ def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
     assert L.expected_cross_bytes(plan, "single") == 0
     psgd = L.expected_cross_bytes(plan, "powersgd")
     assert L.expected_cross_bytes(plan, "dense") / 20 < psgd < L.expected_cross_bytes(plan, "dense")
+
+
+def test_past_spend_bills_each_hosts_sent_and_received_cross_zone_bytes(mlflow_server):
+    """`spent` reads a finished attempt from the store as the budget check does: its hosts over its
+    wall time, plus every byte each host sent and received across the zones, each direction billed
+    (figures of different powers of two, so that any direction or host left out shows)."""
+    from gradshare.contract.tags import ARM, ATTEMPT, STEP
+    from gradshare.cost.accounting import host_price
+    from gradshare.tracking import connection
+
+    plan = load_plan("tiny", {})
+    assert L.crosses_zones(plan, "dense") and not L.crosses_zones(plan, "single")
+    c, study = connection.client(), "spend-both-directions"
+    exp = c.create_experiment(study)
+    start_ms, hour_ms = 1_700_000_000_000, 3_600_000
+    wire = {M.host_wire_tx_total(0): 1e9, M.host_wire_rx_total(0): 2e9,
+            M.host_wire_tx_total(1): 4e9, M.host_wire_rx_total(1): 8e9}
+    for arm in ("dense", "single"):
+        run = c.create_run(exp, start_time=start_ms, tags={STEP: "train", ARM: arm, ATTEMPT: "1"})
+        for key, value in wire.items():
+            c.log_metric(run.info.run_id, key, value)
+        c.set_terminated(run.info.run_id, "FINISHED", end_time=start_ms + hour_ms)
+    dense = 2 * host_price(plan) + 15 * plan.infra.cross_zone_usd_per_gb  # two hosts 1 h, 15 GB
+    single = 1 * host_price(plan)  # one host: nothing crossed a zone, whatever its counters say
+    assert L.spent(study, plan) == pytest.approx(dense + single, rel=1e-12)

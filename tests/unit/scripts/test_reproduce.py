@@ -110,3 +110,20 @@ def test_constraints_pin_what_is_installed_here_and_the_readme_installs_with_the
     for command in (first, second):
         assert "pip install -e . -c constraints.txt" in command or \
             'pip install -e ".[test]" -c constraints.txt' in command, command
+
+
+def test_check_names_the_cpu_when_it_is_another_kind_than_the_blocks(results, monkeypatch, capsys):
+    """The same commit and versions gave another inputs hash on an Intel Xeon than on an AMD EPYC
+    (the seed model's pre-training rounds with the CPU's kernels): --check says so."""
+    rr, log = results
+    assert rr.recorded_cpu(rr.current_block()) == rr.cpu_model()
+    log.write_text(study_log(single_checkpoint="9999999999999999"))
+    with pytest.raises(SystemExit):
+        rr.main(["--check", "--from-log", str(log)])
+    assert "The CPU differs" not in capsys.readouterr().out  # same CPU: not named
+    monkeypatch.setattr(rr, "cpu_model", lambda: "Some Other CPU 9000")
+    with pytest.raises(SystemExit):
+        rr.main(["--check", "--from-log", str(log)])
+    out = capsys.readouterr().out
+    assert f"The CPU differs: here Some Other CPU 9000, the block's {rr.recorded_cpu(rr.current_block())}" in out
+    assert rr.recorded_cpu("**Measured** on 2 cores (AMD EPYC) with those versions") == "AMD EPYC"
