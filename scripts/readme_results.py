@@ -14,9 +14,9 @@ commit. Its `Versions:` line records those versions (the ones prepare's manifest
 `gradshare.util.sources`) as installed where the block was written; `constraints.txt` installs
 them. When a line differs, `--check` names every version that differs, installed vs
 recorded, and the CPU when it is another kind than the block's (the seed model is pre-trained
-on the CPU, and its rounding follows the CPU's kernels), and exits 1. "Measured" (step seconds, throughput, the speed ratio, dollars)
-moves with the machine and its load: it is given as measured, with the machine, the
-commit and the date, and is never compared.
+on the CPU, and its rounding follows the CPU's kernels), and exits 1. "Measured" (step
+seconds, throughput, the speed ratio, dollars) moves with the machine and its load: it is
+given as measured, with the machine, the commit and the date, and is never compared.
 
 `--from-log` writes the versions installed where the script runs: give it a log made there.
 """
@@ -137,7 +137,8 @@ def machine() -> str:
 
 def recorded_cpu(block: str) -> str | None:
     """The CPU model the block's Measured line names, or None."""
-    m = re.search(r"\*\*Measured\*\* on \d+ cores \((.*?)\)(?= with|,| —|$)", block, re.M)  # "Intel(R) Xeon(R)" holds brackets
+    # Lazy up to the ")" that ends the name: "Intel(R) Xeon(R) Processor" holds brackets of its own.
+    m = re.search(r"\*\*Measured\*\* on \d+ cores \((.*?)\)(?= with|,| —|$)", block, re.M)
     return m.group(1) if m else None
 
 

@@ -98,10 +98,6 @@ def test_a_speed_ratio_of_exactly_1_10_passes_and_a_hair_less_fails():
     assert compute(record(tps=(100.0, 100.0, math.nextafter(110.0, 0))))["speed_screen"]["pass"] is False
 
 
-def _at(value: float, toward: float) -> float:
-    return math.nextafter(value, toward)
-
-
 @pytest.mark.parametrize("check, field, threshold, stricter", [
     ("task_gain", "value_pp", "task_gain_pp", math.inf),
     ("retention", "upper_nats", "retention_upper_nats", -math.inf),
@@ -116,7 +112,7 @@ def test_each_quality_check_passes_with_its_threshold_set_to_the_measured_figure
               cand_nll=[1.03125, 1.25, 0.75, 1.5])
     measured = compute(record(**kw))["quality_screen"]["checks"][check][field]
     assert measured not in (0.0, getattr(PLAN.screen, threshold))
-    for value, passes in ((measured, True), (_at(measured, stricter), False)):
+    for value, passes in ((measured, True), (math.nextafter(measured, stricter), False)):
         plan = replace(PLAN, screen=replace(PLAN.screen, **{threshold: value}))
         got = compute(record(plan=plan, **kw))["quality_screen"]["checks"][check]
         assert got[field] == measured and got["pass"] is passes, (check, value)
@@ -125,7 +121,7 @@ def test_each_quality_check_passes_with_its_threshold_set_to_the_measured_figure
 def test_the_speed_screen_passes_with_its_threshold_set_to_the_measured_ratio_and_fails_one_ulp_above():
     tps = (100.0, 100.0, 113.7)
     ratio = compute(record(tps=tps))["speed_screen"]["ratio"]
-    for value, passes in ((ratio, True), (_at(ratio, math.inf), False)):
+    for value, passes in ((ratio, True), (math.nextafter(ratio, math.inf), False)):
         plan = replace(PLAN, screen=replace(PLAN.screen, speed_ratio=value))
         assert compute(record(tps=tps, plan=plan))["speed_screen"]["pass"] is passes, value
 
