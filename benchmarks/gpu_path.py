@@ -81,7 +81,7 @@ def run_all(args) -> dict:
                     "date": time.strftime("%Y-%m-%d", time.gmtime())},
             "results": []}
     names = [n for n in ORDER if not args.only or n in args.only.split(",")]
-    for name in ["calibrate", *names]:
+    for name in ([] if args.skip_calibrate else ["calibrate"]) + names:
         left = args.budget_s - (time.perf_counter() - t_start)
         if left < 45:
             data["results"].append({"config": name, "skipped": f"the call's {args.budget_s:.0f} s were used"})
@@ -240,6 +240,8 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting configurations past this")
     ap.add_argument("--config-s", type=float, default=240.0, help="the longest one configuration may take")
     ap.add_argument("--smoke", action="store_true", help="a CPU and the tiny model: checks the harness in seconds")
+    ap.add_argument("--skip-calibrate", action="store_true",
+                    help="no card measurements (matrix rate, copies, hook numerics): configurations only")
     ap.add_argument("--log", help="log this result file to MLflow instead of running")
     ap.add_argument("--benchmarks-md", help="with --log: append the tables to this file")
     ap.add_argument("--experiment", default="gradshare-benchmarks")

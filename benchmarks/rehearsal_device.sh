@@ -1,24 +1,41 @@
 #!/usr/bin/env bash
-# The one-GPU rehearsal on the `device` machine, in one or two calls (each at most 10 minutes):
-#   bash benchmarks/rehearsal_device.sh start   # install MLflow's wheels (.whl), start the rehearsal
-#                                               # in a session of its own, wait up to LIMIT_S
+# The one-GPU rehearsal on the `device` machine, over one or more calls (each at most 10 minutes):
+#   GRADSHARE_COMMIT=$(git describe --always --dirty) bash benchmarks/rehearsal_device.sh start
+#       # install MLflow's wheels (.whl), copy this tree aside (later calls may change it), then in a
+#       # session of its own: the harness's single on the study's documents (benchmarks/gpu_path.py,
+#       # as many updates as the rehearsal), then the whole rehearsal beside it; wait up to LIMIT_S
 #   bash benchmarks/rehearsal_device.sh wait    # the next call, on the same warm machine: wait again
-# REHEARSAL_SET="--set hardware.cuda_graphs=false" passes overrides on to benchmarks/rehearsal.py.
-# Each call copies what exists by then (log, rehearsal.json/.md, store.tar.gz) to $OUT.
+# REHEARSAL_ARGS passes options on to benchmarks/rehearsal.py: "--updates 4" is the short GPU
+# check (about 5 minutes on an H200); none runs the plan's own 128 updates on the full data.
+# Each call copies what exists by then to $OUT: log.txt, gpu_path.json, rehearsal.json/.md,
+# store.tar.gz, the profiles of the production single and of the harness's, done.
 set -u
 W=/tmp/rehearsal
+SRC=/tmp/rehearsal-src
 LIMIT_S=${LIMIT_S:-560}
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$SRC
 if [ "${1:-}" = start ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  rm -rf $W && mkdir -p $W
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $W/gpu.txt
-  setsid nohup python3 benchmarks/rehearsal.py --work $W ${REHEARSAL_SET:-} > $W/log 2>&1 < /dev/null &
+  rm -rf $W $SRC && mkdir -p $W/harness && cp -r . $SRC && rm -rf $SRC/.whl
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $W/log
+  updates=$(python3 - ${REHEARSAL_ARGS:-} <<'PY'
+import sys
+args = sys.argv[1:]
+print(args[args.index("--updates") + 1] if "--updates" in args else 128)
+PY
+)
+  cd $SRC && GRADSHARE_COMMIT=${GRADSHARE_COMMIT:-unknown} setsid nohup bash -c "
+    python3 benchmarks/gpu_path.py --only single --updates $updates --skip-calibrate --out $W/harness/gpu_path.json \
+      --workdir /tmp/gradshare-gpu-path;
+    python3 benchmarks/rehearsal.py --work $W --harness $W/harness/gpu_path.json --profile-update $((updates - 1)) \
+      ${REHEARSAL_ARGS:-}" >> $W/log 2>&1 < /dev/null &
+  cd - > /dev/null
 fi
 end=$((SECONDS + LIMIT_S))
 while [ ! -e $W/out/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
-cp $W/gpu.txt $OUT/ 2>/dev/null
 tail -c 4000000 $W/log > $OUT/log.txt
-for f in rehearsal.json rehearsal.md store.tar.gz done; do [ -e $W/out/$f ] && cp $W/out/$f $OUT/; done
-grep '^\[rehearsal\]' $W/log | tail -20
+cp $W/harness/gpu_path.json $OUT/ 2>/dev/null
+cp $W/harness/profile_single.txt $OUT/profile_harness.txt 2>/dev/null
+for f in rehearsal.json rehearsal.md store.tar.gz profile_single.txt done; do [ -e $W/out/$f ] && cp $W/out/$f $OUT/; done
+grep -E '^\[rehearsal\]|^single |s/update' $W/log | tail -20
 [ -e $W/out/done ] && cat $W/out/rehearsal.md || { echo "still running"; tail -5 $W/log; }

@@ -17,11 +17,14 @@ from gradshare.data.documents import task_prompt
 from gradshare.data.replay import END
 from gradshare.data.tasks import extract_answer, is_correct
 from gradshare.model.lm import collate, load_model, mean_nll
+from gradshare.util.devices import indexed
 
 
 def device_for(plan) -> torch.device:
+    """Where score runs: the current GPU, indexed (`gradshare.util.devices`), where the plan's
+    hardware is one and this machine has one; else the CPU."""
     if plan.hardware.device == "cuda" and torch.cuda.is_available():
-        return torch.device("cuda")
+        return indexed("cuda")
     return torch.device("cpu")
 
 

@@ -15,14 +15,25 @@ and a documented command delivers it later:
 
 The outbox directory is `$GRADSHARE_OUTBOX`, else `gradshare-outbox` in the working
 directory. A record is sent at most once: `delivered` counts the journal lines the server
-has, and moves only after the server said yes.
+has, and moves only after the server said yes. One process sends at a time (a file lock
+beside the journal), whichever holds the run: the arm's sending process, its rank 0 at the
+end, the driver, `gradshare upload`.
+
+While an arm trains, its rank 0 only appends to the journal; a process of its own
+(`gradshare.tracking.sender`) sends, several updates' metrics in one request. Sending from a
+thread of the training process took the interpreter from the loop that launches the GPU's
+work: each request's client and store code ran between the loop's kernel launches.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -43,12 +54,23 @@ from gradshare.tracking.connection import (
 
 ENV = "GRADSHARE_OUTBOX"
 JOURNAL, DELIVERED, LOST_SINCE = "journal.jsonl", "delivered", "lost_since"
+SENDER_MODULE = f"{__package__}.sender"  # the sending process (named from this package's own)
+SEND_LOCK = ".send.lock"  # held by the one process that sends, for one request at a time
+SENDER_ERROR = "sender_error"  # the sending process's reason to stop: a real error of the store
 RETRY_EVERY_S = 5.0
 """While the server is lost, how often sending is tried again (not at every update)."""
+MAX_METRICS_PER_REQUEST = 1000
+"""MLflow's limit of metrics in one `log_batch`: consecutive metrics records are sent together
+up to it."""
 
 
 class ServerLost(RuntimeError):
     """The tracking server stayed unreachable past the grace time; the journal holds everything."""
+
+
+class SendingStopped(ServerLost):
+    """The sending process stopped (the store answered with a real error, or the process died);
+    the journal holds everything."""
 
 
 def root() -> Path:
@@ -73,10 +95,11 @@ def fast_fail():
 
 
 class Outbox:
-    """The journal of one run, and its delivery. One process at a time writes it (the arm's
+    """The journal of one run, and its delivery. One process at a time appends to it (the arm's
     rank 0 while it trains, then its driver); the journal and its counters live in files, so
-    each process sees what the one before it left. With `background`, a thread sends while
-    the caller goes on: a server that hangs or is gone never stalls an update."""
+    each process sees what the others left. With `background`, a process of its own sends
+    while the caller goes on (`gradshare.tracking.sender`): a server that hangs or is gone never
+    stalls an update, and no request runs in the caller's interpreter."""
 
     def __init__(self, run_id: str, grace_s: float, directory: Path | None = None, log=None,
                  background: bool = False):
@@ -85,15 +108,18 @@ class Outbox:
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._next_try = 0.0
         self._journal_lock, self._send_lock = threading.Lock(), threading.Lock()
-        f = self.dir / JOURNAL
-        self._records = [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
-        self._error: BaseException | None = None
+        self._records: list[dict] = []
+        self._read_bytes = 0  # of the journal, whole lines only
+        self._reload()
         self._hold = False  # the store refused a record (`keep`): what follows waits for an upload
-        self._thread = None
+        self._sender: subprocess.Popen | None = None
         if background:
-            self._wake, self._closing = threading.Event(), threading.Event()
-            self._thread = threading.Thread(target=self._send_loop, name="gradshare-outbox", daemon=True)
-            self._thread.start()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / SENDER_ERROR).unlink(missing_ok=True)
+            self._sender = subprocess.Popen(
+                [sys.executable, "-m", SENDER_MODULE, str(self.dir), str(os.getpid()), str(grace_s)],
+                stdin=subprocess.DEVNULL)
+            atexit.register(self.close)  # an arm that fails leaves no sender behind
 
     # -- what the arm records -------------------------------------------------------------
     def metrics(self, values: dict, step: int = 0, time_ms: int | None = None) -> None:
@@ -118,14 +144,17 @@ class Outbox:
         if artifact_path is not None:
             safe_artifact_path(artifact_path)
         rec = {"kind": "artifacts", "local": str(local), "artifact_path": artifact_path}
-        with self._send_lock:  # nothing else is sent meanwhile: the order holds
-            if not self.pending():
+        # Nothing else is sent meanwhile. A metrics request of the sending process takes
+        # milliseconds; one to a server that hangs is not waited for (a copy waits instead).
+        with self._send_lock, self._sending(patience_s=2.0) as mine:
+            if mine and not self.pending():
                 try:
                     self._send(rec)
                     self._append(rec, delivered=True)
                     return
                 except Exception as exc:  # noqa: BLE001 - a lost server: kept below; anything else raised
                     self._unless_lost(exc)
+            # behind waiting records, or beside a request of the sending process: a copy waits
             self._append(rec | {"local": str(self._copy_beside(local))})
         self._kick()
 
@@ -180,10 +209,17 @@ class Outbox:
             return 0.0
 
     def check_grace(self, where: str) -> None:
-        """`ServerLost` once the server has been gone longer than the grace time (and any error
-        the sending thread met, raised here, in the caller's thread)."""
-        if self._error is not None:
-            raise self._error
+        """`ServerLost` once the server has been gone longer than the grace time; a real error of
+        the store that stopped the sending process, raised here, in the caller."""
+        if self._sender is not None:
+            error = self.dir / SENDER_ERROR
+            if error.exists():
+                raise SendingStopped(f"tracking: {error.read_text().strip()}; {self.pending()} records are kept in "
+                                   f"{self.dir}: deliver them with `gradshare upload {self.dir}`")
+            if self._sender.poll() is not None:
+                raise SendingStopped(f"tracking: the outbox's sending process ended with exit code "
+                                   f"{self._sender.returncode}; {self.pending()} records are kept in {self.dir}: "
+                                   f"deliver them with `gradshare upload {self.dir}`")
         lost = self.lost_for()
         if lost > self.grace_s:
             import mlflow
@@ -196,6 +232,7 @@ class Outbox:
     def deliver(self, force: bool = False) -> bool:
         """Send every waiting record, in order; True when none waits. While the server is lost
         this tries again only every RETRY_EVERY_S seconds (unless `force`)."""
+        self._reload()
         if not self.pending():
             return True
         if not force and time.monotonic() < self._next_try:
@@ -204,17 +241,18 @@ class Outbox:
             done = self._delivered()
             was_lost = self.lost_for() > 0
             while True:
-                with self._journal_lock:
+                with self._sending():  # one request at a time, whichever process sends
+                    self._reload()
                     i = self._delivered()
                     if i >= len(self._records):
                         break
-                    rec = self._records[i]
-                try:
-                    self._send(rec)
-                except Exception as exc:  # noqa: BLE001
-                    self._unless_lost(exc)
-                    return False
-                self._write(DELIVERED, str(i + 1))
+                    batch = self._batch_from(i)
+                    try:
+                        self._send_batch(batch)
+                    except Exception as exc:  # noqa: BLE001
+                        self._unless_lost(exc)
+                        return False
+                    self._write(DELIVERED, str(i + len(batch)))
             if was_lost:
                 self.log(f"[gradshare] the tracking server answers again: {self._delivered() - done} records "
                          f"kept while it was gone are delivered")
@@ -229,12 +267,18 @@ class Outbox:
             time.sleep(poll_s)
 
     def close(self, timeout_s: float = 2 * REQUEST_TIMEOUT_S) -> None:
-        """Stop the sending thread after its current request (what waits stays in the journal)."""
-        if self._thread is not None:
-            self._closing.set()
-            self._wake.set()
-            self._thread.join(timeout_s)
-            self._thread = None
+        """Stop the sending process after its current request (what waits stays in the journal,
+        for this process or the next to send)."""
+        sender, self._sender = self._sender, None
+        if sender is None:
+            return
+        if sender.poll() is None:
+            sender.send_signal(signal.SIGTERM)
+            try:
+                sender.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                sender.kill()
+                sender.wait()
 
     # -- inside -------------------------------------------------------------------------------
     def _copy_beside(self, local: Path) -> Path:
@@ -249,23 +293,73 @@ class Outbox:
         self._kick()
 
     def _kick(self) -> None:
-        if self._hold:
+        if self._hold or self._sender is not None:  # the sending process finds the record itself
             return
-        if self._thread is not None:
-            self._wake.set()
-        else:
-            self.deliver()
+        self.deliver()
 
-    def _send_loop(self) -> None:
-        while not self._closing.is_set():
-            self._wake.wait()
-            self._wake.clear()
+    @contextlib.contextmanager
+    def _sending(self, patience_s: float | None = None):
+        """This process's turn to send (an exclusive lock on a file beside the journal). With
+        `patience_s`, it yields False where another process still holds the turn after that
+        long (a request to a server that hangs) instead of waiting for it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / SEND_LOCK, "a") as fh:
+            if patience_s is None:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            else:
+                until = time.monotonic() + patience_s
+                while True:
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > until:
+                            yield False
+                            return
+                        time.sleep(0.01)
             try:
-                while not self._closing.is_set() and not self.deliver(force=True):
-                    self._closing.wait(RETRY_EVERY_S)  # the server is lost: try again later
-            except Exception as exc:  # noqa: BLE001 - a real error: the caller's next check raises it
-                self._error = exc
+                yield True
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _reload(self) -> None:
+        """The journal's lines that another process appended since this one last read it (whole
+        lines only: a line being written is read next time)."""
+        with self._journal_lock:
+            try:
+                with open(self.dir / JOURNAL, "rb") as fh:
+                    fh.seek(self._read_bytes)
+                    data = fh.read()
+            except FileNotFoundError:
                 return
+            end = data.rfind(b"\n") + 1
+            self._records += [json.loads(line) for line in data[:end].decode().splitlines()]
+            self._read_bytes += end
+
+    def _batch_from(self, i: int) -> list[dict]:
+        """Record i, with the metrics records right after it where it is one: one request for
+        several updates' metrics, up to MLflow's limit per request."""
+        batch = [self._records[i]]
+        if batch[0]["kind"] != "metrics":
+            return batch
+        count = len(batch[0]["values"])
+        for rec in self._records[i + 1:]:
+            if rec["kind"] != "metrics" or count + len(rec["values"]) > MAX_METRICS_PER_REQUEST:
+                break
+            batch.append(rec)
+            count += len(rec["values"])
+        return batch
+
+    def _send_batch(self, batch: list[dict]) -> None:
+        if len(batch) == 1:
+            self._send(batch[0])
+            return
+        import mlflow
+        from mlflow.entities import Metric
+
+        with fast_fail():
+            mlflow.MlflowClient().log_batch(self.run_id, metrics=[
+                Metric(k, v, rec["time_ms"], rec["step"]) for rec in batch for k, v in rec["values"].items()])
 
     def _unless_lost(self, exc: Exception) -> None:
         """An error from a server that still answers is a real error: raised. A connection that
@@ -316,13 +410,16 @@ class Outbox:
                 raise ValueError(f"{self.dir / JOURNAL}: unknown record kind {kind!r}")
 
     def _append(self, rec: dict, delivered: bool = False) -> None:
+        self._reload()
+        line = (json.dumps(rec) + "\n").encode()
         with self._journal_lock:
             self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.dir / JOURNAL, "a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+            with open(self.dir / JOURNAL, "ab") as fh:
+                fh.write(line)  # one write of a whole line: a reader sees it whole or not at all
                 fh.flush()
                 os.fsync(fh.fileno())
             self._records.append(rec)
+            self._read_bytes += len(line)
             if delivered:
                 self._write(DELIVERED, str(len(self._records)))
 

@@ -44,6 +44,8 @@ from gradshare.train import fullstate
 from gradshare.train.graphs import StaticSteps, made_up_batch
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
 from gradshare.train.powersgd import hook_for, make_powersgd_state, prefetch_errors
+from gradshare.train.profiling import ProfileRequest, profiled
+from gradshare.util.devices import indexed
 
 
 class DivergenceError(RuntimeError):
@@ -131,6 +133,11 @@ def prebuild_buckets(ddp, width: int, vocab: int) -> None:
     x = made_up_batch((2, width), vocab)
     device = next(ddp.parameters()).device
     ddp(**{k: v.to(device) for k, v in x.items()}).sum().backward()
+    # The gradients are views of the first buckets now: dropped, the rebuild frees those buckets
+    # before it allocates the final ones. Kept, each view would hold its old bucket alive beside
+    # the new one: two full FP32 gradients at start-up. The exchange pass's backward then makes
+    # every gradient a view of its final bucket (`gradient_as_bucket_view`).
+    ddp.zero_grad(set_to_none=True)
     ddp(ids=None).backward()
 
 
@@ -149,10 +156,12 @@ def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hoo
     net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile, static_shapes=static)
     if not arm.is_ddp:
         return net, None
-    if h.gradient_as_bucket_view:
+    if h.gradient_as_bucket_view and not prebuilds_buckets(plan):
         # Gradients that exist when DDP is built become bucket views at once; left None, the
         # first update's no_sync micro-batches would accumulate into fresh tensors beside the
-        # buckets (a second full gradient at the first update's peak).
+        # buckets (a second full gradient at the first update's peak). Where the buckets are
+        # prebuilt, none exist yet: the prebuild's exchanging passes make every gradient a view
+        # of its bucket before any micro-batch, with no second gradient beside the buckets.
         for param in model.parameters():
             if param.requires_grad and param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -234,7 +243,7 @@ def _accumulate_packed(net, steps: StaticSteps, arm: Arm, mbs, inputs: list[dict
 
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
           device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
-          full_state: FullStatePolicy | None = None) -> LoopResult:
+          full_state: FullStatePolicy | None = None, profile: ProfileRequest | None = None) -> LoopResult:
     """Run every update of the schedule; `on_step(update, metrics, docs_sha)` is called on rank 0
     and may return a reason to stop after this update (`tracking: ...`), which every rank follows.
 
@@ -247,9 +256,12 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     the restored PowerSGD state is registered, each rank's RNG is restored, and the loop
     goes on from the next update with its running totals.
 
+    `profile` (`gradshare.train.profiling`): one update profiled into a table.
+
     Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
     `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
     phase = ["start-up: the model, its compiled shapes and DDP's buckets"]
+    device = indexed(device)  # DDP's device_ids and the streams need the index
     # On a GPU everything from DDP's construction on runs on one stream of its own: a CUDA graph
     # is captured on a stream other than the default one, and the gradient accumulations DDP
     # creates at its construction run on the stream they were made on.
@@ -259,7 +271,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     try:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-                          full_state, phase)
+                          full_state, phase, profile)
     except torch.OutOfMemoryError as exc:
         raise DeviceMemoryError(out_of_memory_reason(exc, plan.hardware.max_device_gib, phase[0], device)) from None
     finally:
@@ -312,7 +324,9 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
     if resume:
         model.load_state_dict(resume["model"])
     params = [p for p in model.parameters() if p.requires_grad]
-    if packed:  # static steps write into the gradients they saw at start-up: they must exist
+    # Static steps write into the gradients they saw at start-up: they must exist (a DDP arm's
+    # come from its prebuilt buckets, `wrap_for_arm`).
+    if packed and not (arm.is_ddp and prebuilds_buckets(plan)):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -469,7 +483,7 @@ def _agree_to_stop(a: _Arm, stop: tuple[str, str] | None, u: int) -> None:
 
 
 def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-           full_state, phase) -> LoopResult:
+           full_state, phase, profile=None) -> LoopResult:
     """Set up, restore, then every update: run it, account for it, save a full state where the
     policy says, and agree whether to stop."""
     resume = full_state.resume if full_state else None
@@ -492,7 +506,8 @@ def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world
         where = f"update {u} of {total}"
         phase[0] = where
         n_global = schedule["target_tokens"][u - 1]
-        out = _update(a, u, rank_share(update_docs, rank, world), n_global, phase, where, res)
+        with profiled(profile, u, device):
+            out = _update(a, u, rank_share(update_docs, rank, world), n_global, phase, where, res)
         if u == first:
             res.wire_first = out.wire_before  # where the startup phase ends (metering)
         eta = (time.perf_counter() - t_start) / (u - first + 1) * (total - u)

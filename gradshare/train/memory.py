@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from gradshare.util.devices import indexed
+
 GIB = 2 ** 30
 
 
@@ -24,6 +26,7 @@ def cap_device_memory(max_gib: float, device: torch.device) -> float | None:
     card that is, or None where nothing is capped (0, or not a GPU)."""
     if max_gib <= 0 or device.type != "cuda":
         return None
+    device = indexed(device)  # the fraction's call refuses a device without an index
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, max_gib * GIB / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)

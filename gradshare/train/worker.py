@@ -35,7 +35,7 @@ from gradshare.hosts.metering import (
 )
 from gradshare.model.lm import save_model, seed_model
 from gradshare.tracking.outbox import Outbox, ServerLost
-from gradshare.train import env, fullstate
+from gradshare.train import env, fullstate, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
 from gradshare.train.loop import FullStatePolicy, LimitStop, train
@@ -43,6 +43,7 @@ from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 from gradshare.train.replicas import ReplicaMismatch, check_agree
 from gradshare.train.result import StoreRefused, checkpoint_dir, record
 from gradshare.util.hashing import checkpoint_sha256, file_entries
+from gradshare.util.devices import indexed
 from gradshare.util.jsonio import read_jsonl
 from gradshare.util.sources import set_determinism
 
@@ -91,7 +92,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     else:
         accelerator = Accelerator(cpu=plan.hardware.device == "cpu",
                                   kwargs_handlers=[InitProcessGroupKwargs(timeout=limit)])
-        rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+        # accelerate's device has no index in a one-process launch: resolved once, here
+        rank, world, device = accelerator.process_index, accelerator.num_processes, indexed(accelerator.device)
         wait_for_everyone = accelerator.wait_for_everyone
     expected = plan.arms.processes(arm)
     if world != expected:
@@ -134,8 +136,12 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     full = _full_state(workdir, world, rank, box, log)
     if full.resume:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
-    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full)
+    profile = profiling.from_env(workdir, rank)
+    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full,
+                profile)
     phases_s["updates"] = res.active_s
+    if box is not None and profile is not None and profile.out.exists():
+        box.artifacts(profile.out, "profile")
 
     # Only rank 0's weights are saved and scored: every other rank's must equal them, bit for bit.
     faults.after_training(model, rank)

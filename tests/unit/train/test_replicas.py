@@ -4,6 +4,7 @@ both ranks naming that tensor. (Through the train entry point, a perturbed rank 
 tests/e2e/test_replicas_arm.py.)"""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -49,3 +50,25 @@ def test_two_ranks_agree_until_one_weight_moves_and_then_both_name_it(tmp_path):
         assert r["same"] == 4  # two weights, two biases
         assert r["differ"].startswith("replicas disagree: rank 1's weights differ from rank 0's at tensor 1.bias")
         assert "the first of 1 of 4 tensors" in r["differ"]
+
+
+def test_a_fingerprint_summed_chunk_by_chunk_equals_the_whole_tensors():
+    """The chunked sums (bounded device memory) equal the formula over the whole tensor, computed
+    here independently in Python integers, for chunks that do and do not divide the length."""
+    g = torch.Generator().manual_seed(3)
+    for t in (torch.randn(1001, generator=g), torch.randn(7, 13, generator=g).to(torch.bfloat16),
+              torch.randint(-2**31, 2**31 - 1, (257,), generator=g, dtype=torch.int64).to(torch.int32)):
+        raw = [int(x) for x in t.contiguous().reshape(-1).view({1: torch.uint8, 2: torch.int16, 4: torch.int32,
+                                                                 8: torch.int64}[t.element_size()])]
+        p = 2147483647
+        expected = (tuple(t.shape), sum(raw), sum((x % p) * (i + 1) % p for i, x in enumerate(raw)))
+        for chunk in (1, 10, 256, 10_000):
+            assert fingerprint(t, chunk=chunk) == expected
+
+
+def test_one_rank_has_nothing_to_compare_and_reads_no_weight(monkeypatch):
+    import gradshare.train.replicas as replicas
+
+    monkeypatch.setattr(replicas, "fingerprint", lambda *a, **k: pytest.fail("fingerprinted at world 1"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    assert check_agree(model, 0, 1) == 4
