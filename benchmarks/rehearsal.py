@@ -74,16 +74,17 @@ def _overrides(smoke: bool, extra: list[str], updates: int | None = None) -> dic
     return OVERRIDES | (cut_to(updates) if updates else {}) | dict(x.split("=", 1) for x in extra)
 
 
-def _steps(overrides: dict, smoke: bool) -> list[tuple[str, list[str]]]:
+def _steps(overrides: dict, smoke: bool, arms: tuple[str, ...] = ARMS) -> list[tuple[str, list[str]]]:
     prep = ["prepare", "--study", STUDY, "--profile", "smoke" if smoke else "full", "--new-study", "true"]
     for k, v in overrides.items():
         prep += [f"--{k}", v]
-    return ([("prepare", prep)] + [(f"train {arm}", ["train", "--study", STUDY, "--arm", arm]) for arm in ARMS]
+    return ([("prepare", prep)] + [(f"train {arm}", ["train", "--study", STUDY, "--arm", arm]) for arm in arms]
             + [(step, [step, "--study", STUDY]) for step in ("commit", "score", "analyze")])
 
 
 def run(work: Path, smoke: bool = False, extra: list[str] = (), updates: int | None = None,
-        commit: str | None = None, profile_update: int = 0, harness: Path | None = None) -> dict:
+        commit: str | None = None, profile_update: int = 0, harness: Path | None = None,
+        arms: tuple[str, ...] = ARMS) -> dict:
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
@@ -91,9 +92,9 @@ def run(work: Path, smoke: bool = False, extra: list[str] = (), updates: int | N
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     overrides = _overrides(smoke, list(extra), updates)
     data = {"study": STUDY, "overrides": overrides, "smoke": smoke, "steps": {}, "env": _env(commit),
-            "updates": updates, "harness": _harness(harness) if harness else None}
+            "updates": updates, "harness": _harness(harness) if harness else None, "arms_run": list(arms)}
     t_all = time.perf_counter()
-    for name, args in _steps(overrides, smoke):
+    for name, args in _steps(overrides, smoke, arms):
         t0 = time.perf_counter()
         print(f"[rehearsal] {name} ...", flush=True)
         step_env = env | ({PROFILE_ENV: str(profile_update)} if profile_update and name == "train single" else {})
@@ -278,6 +279,9 @@ def main(argv=None) -> None:
     ap.add_argument("--commit", help="the commit this tree is (default $GRADSHARE_COMMIT, else this checkout's)")
     ap.add_argument("--profile-update", type=int, default=0, help="profile this update of the single arm")
     ap.add_argument("--harness", help="a benchmarks/gpu_path.py result of the same card: its single beside the arm's")
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help="the arms to train (default all three; on an 80 GB card two PowerSGD ranks do not fit: "
+                         "single,dense), the others recorded as not run")
     ap.add_argument("--table", help="print the table of this rehearsal.json instead of running")
     ap.add_argument("--benchmarks-md", help="with --table: append it to this file")
     args = ap.parse_args(argv)
@@ -290,8 +294,11 @@ def main(argv=None) -> None:
         return
     if not args.work:
         ap.error("--work DIR (to run) or --table FILE (to print a result)")
+    arms = tuple(a for a in args.arms.split(",") if a)
+    if not arms or set(arms) - set(ARMS):
+        ap.error(f"--arms {args.arms!r}: a comma-separated subset of {', '.join(ARMS)}")
     print(markdown(run(Path(args.work), args.smoke, args.set, args.updates, args.commit, args.profile_update,
-                       Path(args.harness) if args.harness else None)))
+                       Path(args.harness) if args.harness else None, arms)))
 
 
 if __name__ == "__main__":
