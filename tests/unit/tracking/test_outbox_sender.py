@@ -40,13 +40,22 @@ APPENDER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def run_id(mlflow_server):
+    """A run of this module's experiment, ended after the test (a RUNNING run left in the shared
+    store would read as a step still running to every later test)."""
+    rid = connection.client().create_run(experiment_id("outbox-sender")).info.run_id
+    yield rid
+    if connection.client().get_run(rid).info.lifecycle_stage == "active":
+        connection.client().set_terminated(rid, "FINISHED")
+
+
 def _appender(run_id: str, directory, n: int, then: str = "close") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", APPENDER, run_id, str(directory), str(n), then], cwd=REPO,
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def test_the_arms_records_arrive_from_another_process_and_none_runs_in_the_arms(mlflow_server, tmp_path):
-    run_id = connection.client().create_run(experiment_id("outbox-sender")).info.run_id
+def test_the_arms_records_arrive_from_another_process_and_none_runs_in_the_arms(run_id, tmp_path):
     proc = _appender(run_id, tmp_path / "box", 60)
     out, _ = proc.communicate(timeout=120)
     lines = [json.loads(x) for x in out.splitlines()]
@@ -72,8 +81,7 @@ def test_several_updates_metrics_go_in_one_request_up_to_mlflows_limit(tmp_path)
     assert box._batch_from(200) == [box._records[200]] and box._records[200]["kind"] == "params"
 
 
-def test_the_sending_process_ends_with_a_killed_arm(mlflow_server, tmp_path):
-    run_id = connection.client().create_run(experiment_id("outbox-sender")).info.run_id
+def test_the_sending_process_ends_with_a_killed_arm(run_id, tmp_path):
     proc = _appender(run_id, tmp_path / "box", 5, then="hang")
     sender = json.loads(proc.stdout.readline())["sender"]
     json.loads(proc.stdout.readline())  # delivered
@@ -86,9 +94,9 @@ def test_the_sending_process_ends_with_a_killed_arm(mlflow_server, tmp_path):
         time.sleep(0.1)
 
 
-def test_a_real_error_of_the_store_stops_the_arm_at_its_next_grace_check(mlflow_server, tmp_path):
+def test_a_real_error_of_the_store_stops_the_arm_at_its_next_grace_check(run_id, tmp_path):
     client = connection.client()
-    run_id = client.create_run(experiment_id("outbox-sender")).info.run_id
+    client.set_terminated(run_id, "KILLED")
     client.delete_run(run_id)  # the server answers, and refuses: not a lost server
     box = outbox.Outbox(run_id, grace_s=600, directory=tmp_path / "box", log=lambda line: None, background=True)
     try:
