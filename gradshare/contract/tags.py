@@ -52,3 +52,4 @@ def screen_tag(name: str) -> str:
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI: model training, not GenAI
+NOTE = "mlflow.note.content"  # MLflow's description of a run or an experiment (markdown), shown first

@@ -441,13 +441,18 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
 
 
 def _last_update(run_id: str) -> int:
-    """The arm's last update with logged metrics: from the server, or, where it does not answer,
-    from the run's outbox journal."""
+    """The arm's last completed update, from the record its step metrics are written to first:
+    the run's outbox journal, where rank 0 appends each update's metrics before anything is sent
+    (the server may not have the last ones yet when a fault ends the arm). The server only where
+    no journal is left (all delivered, on another host)."""
+    box = Outbox(run_id, 0)
+    if (box.dir / outbox.JOURNAL).exists():
+        return box.last_step(M.STEP_S)
     try:
         with outbox.fast_fail():
             return max((m.step for m in connection.client().get_metric_history(run_id, M.STEP_S)), default=0)
-    except Exception:  # noqa: BLE001 - the journal holds every update's metrics too
-        return Outbox(run_id, 0).last_step(M.STEP_S)
+    except Exception:  # noqa: BLE001 - neither answers: nothing is known to be done
+        return 0
 
 
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:

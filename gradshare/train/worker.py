@@ -35,7 +35,7 @@ from gradshare.hosts.metering import (
 )
 from gradshare.model.lm import save_model, seed_model
 from gradshare.tracking.outbox import Outbox, ServerLost
-from gradshare.train import env, fullstate, profiling
+from gradshare.train import env, fullstate, heartbeat, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
 from gradshare.train.loop import FullStatePolicy, LimitStop, train
@@ -70,6 +70,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 
 
     t_wall = time.perf_counter()
+    beat = heartbeat.Heartbeat(workdir, int(os.environ.get("RANK", "0")))  # the train step watches it
     faults = F.from_env()
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = workdir_files.read_plan(workdir)  # refused where it no longer hashes to its plan_sha256
@@ -138,7 +139,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
     profile = profiling.from_env(workdir, rank)
     res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full,
-                profile)
+                profile, heartbeat=beat)
+    beat.phase("finish")  # the replica check, the checkpoint and its upload: alive is what counts
     phases_s["updates"] = res.active_s
     if box is not None and profile is not None and profile.out.exists():
         box.artifacts(profile.out, "profile")
