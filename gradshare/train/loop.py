@@ -512,12 +512,12 @@ def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world
         n_global = schedule["target_tokens"][u - 1]
         with profiled(profile, u, device):
             out = _update(a, u, rank_share(update_docs, rank, world), n_global, phase, where, res)
-        if heartbeat is not None:
-            heartbeat.progress(u)
         if u == first:
             res.wire_first = out.wire_before  # where the startup phase ends (metering)
         eta = (time.perf_counter() - t_start) / (u - first + 1) * (total - u)
         stop = _account(a, u, total, out, n_global, update_docs, res, books, limits, on_step, eta)
+        if heartbeat is not None:  # after rank 0 journaled the update's metrics: the same count
+            heartbeat.progress(u)
         if full_state and full_state.saves_after(u, total):
             if heartbeat is not None:  # a save and its upload: no update bound fits them
                 heartbeat.phase("full state")
