@@ -237,7 +237,7 @@ def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None =
     line the step already printed (`said`) named that outbox."""
     import mlflow
 
-    box = outbox.Outbox(run_id, grace_s=0)
+    box = outbox.Outbox(run_id, grace_s=0, log=lambda line: None)  # its words on a lost server: one line below
     if not box.pending() and outbox.reachable():
         stored = _log_texts(texts or {})
         if tags:
@@ -258,9 +258,9 @@ def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None =
                       f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
                       file=sys.stderr, flush=True)
             else:  # it answers: what waits is behind a record the store refused (full, read-only)
-                print(f"[gradshare] the tracking store refused a record of this run: its end ({status}) and "
-                      f"{box.pending()} records wait in {box.dir}; make room in the store (or let it write), then "
-                      f"`gradshare upload {box.dir}`", file=sys.stderr, flush=True)
+                print(f"[gradshare] the tracking store refused a record of this run: {box.pending()} records, the "
+                      f"run's end among them, wait behind it in {box.dir}; make room in the store (or let it "
+                      f"write), then `gradshare upload {box.dir}`", file=sys.stderr, flush=True)
         raise SystemExit(1)
     return False
 

@@ -147,6 +147,9 @@ def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_uploa
         assert run.info.status == "FAILED" and "the artifact store refused the trained checkpoint" in reason, reason
         assert f"gradshare upload {kept}" in reason and "MlflowException" in reason, reason  # the store's answer
         assert len(c.get_metric_history(run.info.run_id, M.STEP_S)) == 8  # every update trained
+        # one line names the fault, and it is the store's: no word of a server that does not answer
+        told = [line for line in proc.stderr.splitlines() if f"gradshare upload {kept}" in line]
+        assert len(told) == 1 and "does not answer" not in proc.stderr, proc.stderr[-3000:]
         weights = kept / "checkpoint" / "model.safetensors"
         assert weights.stat().st_size > 256 * 1024
         filler.unlink()  # room made
