@@ -152,6 +152,7 @@ def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_uploa
         assert len(told) == 1 and "does not answer" not in proc.stderr, proc.stderr[-3000:]
         weights = kept / "checkpoint" / "model.safetensors"
         assert weights.stat().st_size > 256 * 1024
+        kept_bytes = weights.read_bytes()
         filler.unlink()  # room made
         up = subprocess.run([sys.executable, "-m", "entrypoints.cli", "upload", str(kept)], cwd=REPO,
                             env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
@@ -163,7 +164,8 @@ def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_uploa
         path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="checkpoint",
                                                    dst_path=str(got), tracking_uri=server.uri)
         assert checkpoint_sha256(path) == run.data.tags[CKPT_SHA]
-        assert (Path(path) / "model.safetensors").read_bytes() == weights.read_bytes()
+        assert (Path(path) / "model.safetensors").read_bytes() == kept_bytes
+        assert not kept.exists()  # the store has it all: the outbox's copy is removed
     finally:
         if server is not None:
             server.stop()
