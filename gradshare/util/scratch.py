@@ -30,9 +30,10 @@ PREFIX = "gradshare-"
 OWNER = ".gradshare-owner"  # in each scratch folder: who made it, for the sweep
 
 
-def _start_ticks(pid: int) -> str | None:
+def start_ticks(pid: int) -> str | None:
     """The process's start in clock ticks since boot (/proc/<pid>/stat, field 22); None where
-    there is no such process. With the pid it names one process, however pids are reused."""
+    there is no such process. With the pid it names one process, however pids are reused, and
+    unlike a wall-clock start it does not move when the clock is stepped."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -51,13 +52,13 @@ def _machine() -> str:
 
 
 def owner_text(pid: int) -> str:
-    return f"{pid} {_start_ticks(pid) or ''} {_machine()}"
+    return f"{pid} {start_ticks(pid) or ''} {_machine()}"
 
 
 def owner_gone(folder: Path) -> bool:
     """Whether the process that made the scratch `folder` is gone: its pid names no process, or
-    another one started since. A folder without an owner file, or made in another pid namespace,
-    is never taken for gone (its owner cannot be read from here)."""
+    another one started since. A folder without an owner file, or made in another boot or pid
+    namespace, is never taken for gone (its owner cannot be read from here)."""
     try:
         pid, ticks, boot, ns = (folder / OWNER).read_text().split()
     except (OSError, ValueError):
@@ -65,11 +66,11 @@ def owner_gone(folder: Path) -> bool:
     here = _machine().split()
     if len(here) != 2:
         return False
-    if boot != here[0]:
-        return True  # made before this machine last started: every process of that boot is gone
-    if ns != here[1]:
+    if (boot, ns) != tuple(here):
+        # another boot (or a TMPDIR shared with another machine) or pid namespace: its pid says
+        # nothing here, and a folder in use must never be taken
         return False
-    return _start_ticks(int(pid)) != ticks
+    return start_ticks(int(pid)) != ticks
 
 
 def sweep(base: str | Path, log=None) -> list[Path]:
