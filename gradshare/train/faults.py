@@ -19,6 +19,9 @@
                                   watched by the train step, and the arm completes
     GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT=R  rank R is killed (SIGKILL) once rank 0 has written
                                   the final checkpoint: the arm is FINISHED all the same
+    GRADSHARE_INJECT_CORRUPT=FILE every rank overwrites FILE of the arm's working directory (e.g.
+                                  plan.json) as it starts, after the train step verified it: a
+                                  refusal naming the file, no attempt used
 
 Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
 """
@@ -44,6 +47,7 @@ PERTURB_ENV = "GRADSHARE_INJECT_PERTURB_RANK"
 STOP_ENV = "GRADSHARE_INJECT_STOP_AT"
 KILL_AGENT_ENV = "GRADSHARE_INJECT_KILL_AGENT_AT"
 KILL_AFTER_CKPT_ENV = "GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT"
+CORRUPT_ENV = "GRADSHARE_INJECT_CORRUPT"
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class Faults:
     stop_rank: int = 0
     kill_agent_at: int = 0
     kill_after_checkpoint_rank: int = -1  # -1: none
+    corrupt: str = ""  # a file of the working directory; "": none
 
     def after_training(self, model, rank: int) -> None:
         if self.perturb_rank == rank:
@@ -69,6 +74,12 @@ class Faults:
             with torch.no_grad():
                 p.view(-1)[0] += 1e-3
             print(f"[gradshare] fault injection ({PERTURB_ENV}): rank {rank} perturbed {name}", flush=True)
+
+    def at_start(self, workdir, rank: int) -> None:
+        """Every rank, first thing: the working directory as a faulty machine might leave it."""
+        if self.corrupt:
+            print(f"[gradshare] fault injection ({CORRUPT_ENV}): rank {rank} overwrote {self.corrupt}", flush=True)
+            (workdir / self.corrupt).write_text('{"not": "what the train step verified"')
 
     def checkpoint_written(self, rank: int) -> None:
         """Every rank, once rank 0 has written the final checkpoint."""
@@ -145,4 +156,4 @@ def from_env(env=None) -> Faults:
     except ValueError:
         raise ValueError(f"fault injection: {PERTURB_ENV}={perturb!r} must be a rank (e.g. 1)") from None
     return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank, stop_at, stop_rank,
-                  kill_agent_at, kill_after_checkpoint_rank)
+                  kill_agent_at, kill_after_checkpoint_rank, env.get(CORRUPT_ENV, "").strip())

@@ -73,6 +73,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     t_wall = time.perf_counter()
     beat = heartbeat.Heartbeat(workdir, int(os.environ.get("RANK", "0")))  # the train step watches it
     faults = F.from_env()
+    faults.at_start(workdir, int(os.environ.get("RANK", "0")))
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
     plan = workdir_files.verify(workdir)  # the handed-over files as verified: else a refusal, no attempt
     if plan.hardware.threads_per_process > 0:  # the launcher set OMP's; torch's own pool too
