@@ -16,7 +16,7 @@ from analysis.preconditions import screen_word
 from analysis.report import markdown, plots, to_html, verdict_table
 from analysis.verdicts import compute, verdict_metrics
 from gradshare.contract.metrics import paired_metrics
-from gradshare.contract.tags import PLAN_SHA, screen_tag
+from gradshare.contract.tags import NOTE, PLAN_SHA, screen_tag
 
 # Lazy imports: mlflow inside the functions that use them. Each costs a second or
 # more to import; the commands and processes that load this module only for its names, refusals or
@@ -44,11 +44,25 @@ def log_analysis(v: dict, out: Path) -> None:
 
 
     mlflow.set_tag(PLAN_SHA, v["plan_sha256"])
+    # the verdict as the first thing on the study's page and on the run's, no column to add
+    note = description(v)
+    mlflow.set_tag(NOTE, note)
+    run = mlflow.active_run()
+    mlflow.MlflowClient().set_experiment_tag(run.info.experiment_id, NOTE, note)
     mlflow.log_artifacts(str(out))
     words = {name: screen_word(v[name]) for name in ("quality_screen", "speed_screen")}
     mlflow.set_tags({screen_tag(name): word for name, word in words.items()})
     mlflow.log_params(words)
     mlflow.log_metrics(paired_metrics(v) | verdict_metrics(v))
+
+
+def description(v: dict) -> str:
+    """The study's page and the analyze run's description (markdown): both screens' words in the
+    heading, the verdict table beneath, where the report is."""
+    words = {name: screen_word(v[name]).upper() for name in ("quality_screen", "speed_screen")}
+    return (f"### Quality screen: {words['quality_screen']} · speed screen: {words['speed_screen']}\n\n"
+            f"```\n{verdict_table(v)}\n```\n\n"
+            f"The whole report: the latest `analyze` run's artifacts (`report.html`, `verdicts.json`).\n")
 
 
 def run(study: str) -> dict:

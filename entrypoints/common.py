@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from gradshare.contract.errors import StudyError
-from gradshare.contract.tags import FAILURE, REFUSAL
+from gradshare.contract.tags import FAILURE, REFUSAL, RUN_NAME
 from gradshare.tracking import connection
 from gradshare.tracking.connection import check_study_name
 from gradshare.util.scratch import use_scratch
@@ -24,17 +24,20 @@ class StepParser(argparse.ArgumentParser):
     has `tracking.mlflow_run_keeps_the_steps_end`)."""
 
     def error(self, message):
+        self.record_refusal(f"bad parameter: {message}")
+        super().error(message)
+
+    def record_refusal(self, reason: str) -> None:
+        """The launcher's run, if `mlflow run` made one, ended KILLED as a refusal with `reason`."""
         run_id = os.environ.get("MLFLOW_RUN_ID")
         if run_id:
             try:
-                tags = {FAILURE: f"bad parameter: {message}", REFUSAL: "true",
-                        "mlflow.runName": f"refused-{Path(self.prog).stem}"}
+                tags = {FAILURE: reason, REFUSAL: "true", RUN_NAME: f"refused-{Path(self.prog).stem}"}
                 for key, value in tags.items():
                     connection.client().set_tag(run_id, key, value)
                 connection.client().set_terminated(run_id, "KILLED")
-            except Exception as exc:  # the parameter error is what the user must see
+            except Exception as exc:  # the refusal itself is what the user must see
                 print(f"[gradshare] could not record the refusal on run {run_id}: {exc}", file=sys.stderr)
-        super().error(message)
 
 
 def study_parser(doc: str, makes_plan: bool = False) -> argparse.ArgumentParser:
@@ -53,7 +56,12 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
     """Known flags, and the rest as plan overrides (refused where the plan is already fixed)."""
     args, rest = parser.parse_known_args(argv)
 
-    use_scratch(Path(parser.prog).stem)  # the step's temporary files, removed when it ends
+    try:
+        use_scratch(Path(parser.prog).stem)  # the step's temporary files, removed when it ends
+    except StudyError as exc:  # TMPDIR cannot be written: one line, before any work
+        if isinstance(parser, StepParser):
+            parser.record_refusal(str(exc))
+        parser.exit(2, f"[gradshare] {exc}\n")
     if getattr(args, "study", None) is not None:
 
         try:

@@ -30,8 +30,8 @@ from entrypoints.common import parse, study_parser
 from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal, StudyError
 from gradshare.contract.plan import ARM_KINDS
-from gradshare.contract.tags import RESUMED_RUN, STEP, STUDY
-from gradshare.tracking import connection, study_runs
+from gradshare.contract.tags import FAILURE, REFUSAL, RESUMED_RUN, RUN_NAME, STEP, STUDY
+from gradshare.tracking import clock, connection, study_runs
 from gradshare.tracking.orphans import process_tags
 from gradshare.train.driver import Launch, check_resume, run_arm, run_secondary_host
 from gradshare.train.launch import launch_problem
@@ -60,16 +60,7 @@ def main(argv=None) -> None:
 
     launch = Launch(args.num_machines, args.machine_rank, args.main_process_ip, args.main_process_port)
     if launch.machine_rank > 0:  # only machine rank 0 owns the arm's MLflow run
-        study_runs.setup(args.study, create=False)
-        launcher = os.environ.get("MLFLOW_RUN_ID")
-        if launcher:  # a launcher's run for this host: say what it is and that it lives
-
-            for key, value in (study_runs.study_tags(args.study, "train-host", "", args.arm) | process_tags()).items():
-                connection.client().set_tag(launcher, key, value)
-        try:
-            run_secondary_host(args.study, args.arm, launch)
-        except StudyError as exc:
-            raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}")
+        _secondary_host(args.study, args.arm, launch)
         return
     resume = None
     if args.resume_from:
@@ -93,6 +84,32 @@ def main(argv=None) -> None:
                   f"checkpoint {summary['checkpoint_sha256'][:16]}…")
 
 
+def _secondary_host(study: str, arm: str, launch: Launch) -> None:
+    """Machine rank > 0: this host's workers, no run of its own. The run `mlflow run` made for
+    it says what it is (`train-<arm>-host<rank>`) and that its process lives; a clock behind the
+    study's is refused on it, as on every step's run."""
+    exp_id = study_runs.setup(study, create=False)
+    launcher = os.environ.get("MLFLOW_RUN_ID")
+    name = f"train-{arm}-host{launch.machine_rank}"
+    if launcher:  # a launcher's run for this host: say what it is and that it lives
+        tags = study_runs.study_tags(study, "train-host", "", arm) | process_tags() | {RUN_NAME: name}
+        for key, value in tags.items():
+            connection.client().set_tag(launcher, key, value)
+    try:
+        clock.check(exp_id, exclude={launcher} if launcher else set())
+    except Refusal as exc:
+        if launcher:  # KILLED and tagged, as every refused step's run
+            c = connection.client()
+            for key, value in {FAILURE: str(exc), REFUSAL: "true", RUN_NAME: f"refused-{name}"}.items():
+                c.set_tag(launcher, key, value)
+            c.set_terminated(launcher, "KILLED")
+        raise SystemExit(f"[gradshare] train host {launch.machine_rank} refused: {exc}") from None
+    try:
+        run_secondary_host(study, arm, launch)
+    except StudyError as exc:
+        raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}") from None
+
+
 def _checked_resume(study: str, arm: str, run_id: str):
     """The verified resume, or a refusal recorded on a run of its own (the launcher's, if
     `mlflow run` made one) while the stopped run stays untouched."""
@@ -108,6 +125,7 @@ def _checked_resume(study: str, arm: str, run_id: str):
         c = connection.client()
         c.set_tag(launcher, STUDY, study)
         c.set_tag(launcher, STEP, "train-resume")
+        c.set_tag(launcher, RUN_NAME, f"train-{arm}-resume")  # it only points at the run it resumed
         c.set_tag(launcher, RESUMED_RUN, run_id)
         c.set_terminated(launcher, "FINISHED")
     return resume

@@ -26,6 +26,7 @@ from pathlib import Path
 import mlflow  # upload is the one command that exists to talk to the tracking server
 
 from gradshare.tracking.connection import DEFAULT_URI, check_reachable
+from gradshare.tracking.delivered import drop_delivered
 from gradshare.tracking.outbox import ENV, root, upload
 
 
@@ -43,7 +44,9 @@ def main(argv=None) -> None:
     paths = [Path(p) for p in args.paths] or [root()]
     if not any(p.exists() for p in paths):
         raise SystemExit(f"[gradshare] upload: nothing at {', '.join(map(str, paths))}: no arm kept records here")
-    raise SystemExit(1 if upload(paths) else 0)
+    waiting = upload(paths)
+    drop_delivered(paths)  # an ended run the store now has whole: its copies and checkpoint are disk for nothing
+    raise SystemExit(1 if waiting else 0)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,16 @@ class ArmsPlan:
     tracking_grace_s: float = 300.0
     """Seconds an arm trains on while the tracking server does not answer (its records wait on
     local disk, `gradshare.tracking.outbox`); past them it stops after a whole update, records kept."""
+    stall_s: float = 30.0
+    """A rank whose process has not run for this long (SIGSTOP, a frozen host) ends the arm, named
+    (`gradshare.train.heartbeat`); its heartbeat thread writes every second."""
+    hang_updates: float = 10.0
+    """Every rank alive but none completing an update for this many expected updates
+    (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
+
+    def hang_s(self) -> float:
+        """Seconds without a completed update on any rank before the arm counts as hung."""
+        return self.hang_updates * self.expected_update_s
 
     def timeout_s(self, updates: int) -> float:
         """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""
@@ -579,6 +589,9 @@ def validate(plan: Plan) -> Plan:
     if a.expected_update_s <= 0 or a.startup_s <= 0 or a.timeout_margin < 1:
         problems.append("arms.expected_update_s and arms.startup_s must be > 0 and "
                         "arms.timeout_margin >= 1")
+    if a.stall_s <= 0 or a.hang_updates <= 0:
+        problems.append(f"arms.stall_s={a.stall_s:g} and arms.hang_updates={a.hang_updates:g} must be > 0 (the bounds "
+                        f"within which a stopped or hung rank ends the arm)")
     if plan.screen.speed_baseline not in a.names:
         problems.append(f"screen.speed_baseline={plan.screen.speed_baseline!r} is not in arms.names")
     if a.candidate not in a.names:

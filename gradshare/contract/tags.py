@@ -52,3 +52,5 @@ def screen_tag(name: str) -> str:
 
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI: model training, not GenAI
+RUN_NAME = "mlflow.runName"  # MLflow's name of a run: its row in the runs table says what it is
+NOTE = "mlflow.note.content"  # MLflow's description of a run or an experiment (markdown), shown first

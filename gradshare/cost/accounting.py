@@ -35,7 +35,7 @@ def arm_cost(plan, arm: str, metrics: dict, measured_hosts: list[str]) -> dict:
     """Cost figures of one FINISHED arm from its train run's summary metrics."""
     infra = plan.infra
     n_hosts = hosts_for(plan, arm)
-    wall = metrics.get(M.WALL_S, 0.0)
+    wall = max(metrics.get(M.WALL_S, 0.0), 0.0)  # a duration: never negative, whatever a clock did
     host_hours = wall * n_hosts / 3600
     per_host = []
     for j, name in enumerate(measured_hosts):  # whole arm: worker start to end (metering's `total`)

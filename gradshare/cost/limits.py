@@ -70,7 +70,9 @@ class Limits:
 
     # -- during an arm -----------------------------------------------------------------
     def spend(self, now: float, cross_bytes: float) -> float:
-        return (self.spent_before_usd + (now - self.arm_start_epoch) * self.usd_per_s
+        # never below what was spent before: a clock read earlier than the arm's start (stepped
+        # back mid-arm; a step's start refuses one, `tracking.clock`) bills no negative seconds
+        return (self.spent_before_usd + max(now - self.arm_start_epoch, 0.0) * self.usd_per_s
                 + cross_bytes * self.cross_usd_per_byte)
 
     def check(self, update: int, now: float, next_s: float, cross_bytes: float,
@@ -90,13 +92,13 @@ class Limits:
         if next_usd > self.budget_usd:
             return "budget", (
                 f"budget: spend so far ${now_usd:.4f} (earlier attempts ${self.spent_before_usd:.4f}, this "
-                f"arm's hosts ${(now - self.arm_start_epoch) * self.usd_per_s:.4f}, its cross-zone "
+                f"arm's hosts ${max(now - self.arm_start_epoch, 0.0) * self.usd_per_s:.4f}, its cross-zone "
                 f"{cross_bytes / GB:.3f} GB ${cross_bytes * self.cross_usd_per_byte:.4f}); with the next "
                 f"update ${next_usd:.4f}, past the ${self.budget_usd:g} bound; {left}")
         return None
 
     def step_metrics(self, now: float, cross_bytes: float) -> dict:
-        return {M.SPEND_USD: self.spend(now, cross_bytes), M.STUDY_HOURS: (now - self.start_epoch) / 3600}
+        return {M.SPEND_USD: self.spend(now, cross_bytes), M.STUDY_HOURS: max(now - self.start_epoch, 0.0) / 3600}
 
     # -- hand-over from the driver to the workers ----------------------------------------
     def write(self, workdir: Path) -> None:

@@ -27,6 +27,7 @@ import time
 from gradshare.contract.tags import ARM, FAILURE, HOST_ID, PID, PID_STARTED, STEP
 from gradshare.hosts.metering import host_identity
 from gradshare.tracking import connection
+from gradshare.util.scratch import start_ticks  # unlike a wall-clock start, it does not move when the clock is stepped
 
 GRACE_ENV = "GRADSHARE_STALE_GRACE_S"
 DEFAULT_GRACE_S = 120.0
@@ -45,20 +46,10 @@ def _scope() -> str:
     return hashlib.sha256(f"{host_identity()[0]}\0{pid_ns}".encode()).hexdigest()
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start in clock ticks since boot (/proc/<pid>/stat, field 22): unlike a
-    wall-clock start time it does not move when the clock is stepped."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()[19]
-
-
 def process_tags() -> dict[str, str]:
     """Tags that let a later step tell whether this process still runs."""
     pid = os.getpid()
-    return {PID: str(pid), PID_STARTED: _start_ticks(pid) or "", HOST_ID: _scope()}
+    return {PID: str(pid), PID_STARTED: start_ticks(pid) or "", HOST_ID: _scope()}
 
 
 def _alive(tags: dict) -> bool | None:
@@ -66,7 +57,7 @@ def _alive(tags: dict) -> bool | None:
     if PID not in tags or tags.get(HOST_ID) != _scope():
         return None
     try:
-        ticks = _start_ticks(int(tags[PID]))
+        ticks = start_ticks(int(tags[PID]))
     except ValueError:
         return False
     # no such process, or the same pid started at another moment: another process

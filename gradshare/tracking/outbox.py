@@ -164,12 +164,23 @@ class Outbox:
         when it is in the store or waits for a lost server; the store's error when a server that
         answers refused it (full, read-only): it then waits here, and so does every record after
         it, until `gradshare upload` (nothing is tried again in this process)."""
+        self.journal(local, artifact_path)
+        return self.deliver_or_refusal()
 
+    def journal(self, local: str | Path, artifact_path: str) -> None:
+        """A file or directory journaled for delivery, not sent now (copied beside the journal
+        unless it already lies inside this outbox)."""
         local = Path(local)
         safe_artifact_path(artifact_path)
         if not local.resolve().is_relative_to(self.dir.resolve()):
             local = self._copy_beside(local)
         self._append({"kind": "artifacts", "local": str(local), "artifact_path": artifact_path})
+
+    def deliver_or_refusal(self) -> Exception | None:
+        """Everything that waits, sent now. None when delivered, or waiting for a lost server; the
+        store's own error where a server that answers refused a record: it then waits, with
+        every record after it, for `gradshare upload` (nothing more is sent from here)."""
+        self._hold = False
         try:
             self.deliver(force=True)
         except Exception as exc:  # noqa: BLE001 - the store's own answer: the caller says it
@@ -181,6 +192,16 @@ class Outbox:
         """Journal what follows without sending it (records already wait behind one the store
         refused: sending them again would only be refused again)."""
         self._hold = True
+
+    def journaled_end(self) -> bool:
+        """Whether the run's end is in the journal (delivered or waiting)."""
+        self._reload()
+        return any(r["kind"] == "end" for r in self._records)
+
+    def waiting(self) -> list[dict]:
+        """The records that wait for the store, in order (journaled by any process)."""
+        self._reload()
+        return self._records[self._delivered():]
 
     def end(self, status: str, tags: dict | None = None) -> None:
         """The run's last record: its tags and its end status (FINISHED, FAILED, KILLED). Where an

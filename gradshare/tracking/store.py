@@ -80,6 +80,8 @@ def verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Pat
     if bad:
         raise StudyError(f"input hash mismatch for {', '.join(bad[:5])}: these files differ from the "
                            f"prepare run's manifest; refusing to use unregistered inputs")
+    # what each process that reads them checks again (`verify_again`): the bytes prepare registered
+    (root / VERIFIED).write_text(json.dumps({p: e["sha256"] for p, e in sorted(entries.items())}, indent=1))
     seed = manifest["seed_model"]
     if seed["kind"] == "local-hf" and "seed_model" in wanted:
         local = file_entries(seed["path"]) if Path(seed["path"]).is_dir() else []
@@ -87,6 +89,19 @@ def verified_inputs(prep, plan: Plan, workdir: Path, wanted=TRAIN_INPUTS) -> Pat
             raise StudyError(f"the local seed model {seed['path']} differs from the files prepare "
                                f"registered; refusing to use it")
     return root
+
+
+VERIFIED = "verified.json"  # beside verified inputs: path -> the SHA-256 prepare registered
+
+
+def verify_again(root: Path) -> None:
+    """Every input `verified_inputs` put under `root`, hashed again where a later process reads it
+    (an arm's workers, after launch): StudyError naming the first file that changed or went."""
+    for path, sha in json.loads((root / VERIFIED).read_text()).items():
+        f = root / path
+        if not f.is_file() or sha256_file(f) != sha:
+            state = "is gone" if not f.is_file() else "no longer hashes to what prepare registered"
+            raise StudyError(f"{f} {state} (the arm's inputs changed after its launch)")
 
 
 def commit_run(study: str):

@@ -21,10 +21,11 @@ from gradshare.contract.tags import (
     FAILURE,
     PLAN_SHA,
     REFUSAL,
+    RUN_NAME,
     STEP,
     STUDY,
 )
-from gradshare.tracking import connection, orphans, outbox
+from gradshare.tracking import clock, connection, orphans, outbox
 
 # Lazy imports: mlflow inside the functions that use them. Each costs a second or
 # more to import; the commands and processes that load this module only for its names, refusals or
@@ -150,7 +151,9 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
     The study must exist (`create=False`: a step on an unknown study is refused before any run,
     `existing_study`). Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to
     the study's experiment; otherwise starts a new one there. On stderr: the reason in one line
-    first; an unexpected error's traceback goes to the run's `failure/traceback.txt`.
+    first; an unexpected error's traceback goes to the run's `failure/traceback.txt`. A clock
+    that reads earlier than the study's last record (`clock.check`) is a refusal; a server that
+    stopped answering under the step is named as such, with what running the step again does.
     """
     import mlflow
 
@@ -169,28 +172,36 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
     run = mlflow.start_run(run_id=run_id, experiment_id=exp_id, run_name=run_name,
                            log_system_metrics=system_metrics)
     status, end_tags, texts = "FAILED", {}, {}
+    said, lost = "", False
     try:
         mlflow.set_tags(study_tags(study, step, plan_sha, arm) | orphans.process_tags())
+        # a clock that went back would make the deadline and spend lie: refused before any work
+        clock.check(exp_id, exclude={run.info.run_id})
         yield run
         status = "FINISHED"
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (`stop_on_sigterm`) with its words
             reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
+        elif (not isinstance(exc, (StudyError, outbox.ServerLost))  # those say it themselves
+              and (gone := connection.unreachable()) is not None):
+            # the server went away under the step: say so, not the request that happened to fail
+            reason, lost = lost_server_reason(step, run.info.run_id, gone), True
         else:
             reason = connection.one_line(exc)
         end_tags = {FAILURE: reason}
         if isinstance(exc, Refusal):  # nothing was attempted: KILLED, MLflow's other terminal status
             status = "KILLED"
-            end_tags |= {REFUSAL: "true", "mlflow.runName": f"refused-{step}" + (f"-{arm}" if arm else "")}
-        print(f"[gradshare] {step}{f' {arm}' if arm else ''} "
-              f"{'refused' if status == 'KILLED' else 'FAILED'}: {reason}", file=sys.stderr, flush=True)
-        if not isinstance(exc, StudyError):  # a user's error needs no traceback; anything else keeps one
+            end_tags |= {REFUSAL: "true", RUN_NAME: f"refused-{step}" + (f"-{arm}" if arm else "")}
+        said = (f"[gradshare] {step}{f' {arm}' if arm else ''} "
+                f"{'refused' if status == 'KILLED' else 'FAILED'}: {reason}")
+        print(said, file=sys.stderr, flush=True)
+        if not isinstance(exc, StudyError) and not lost:  # a user's error or a lost server needs none
             texts[TRACEBACK] = traceback.format_exc()
         raise SystemExit(1) from None
     finally:
         stored = False
         try:  # whatever happened above, the run does not stay RUNNING
-            stored = end_run(run.info.run_id, status, end_tags, texts)
+            stored = end_run(run.info.run_id, status, end_tags, texts, said=said)
         finally:
             if texts and stored:
                 print(f"[gradshare] its traceback: {TRACEBACK} of run {run.info.run_id} (`mlflow artifacts "
@@ -199,14 +210,34 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
                 print(texts[TRACEBACK], file=sys.stderr, end="", flush=True)
 
 
-def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None = None) -> bool:
-    """End the step's run with its tags, first logging `texts` (`{artifact_file: text}`) to it;
-    returns whether the store took them (the caller prints them where it did not). Where the
-    server does not answer, or the run's earlier records still wait in its outbox, the end waits
-    there behind them (`gradshare upload`)."""
+AGAIN = {"commit": "running `commit` again is safe: this run ends FAILED and seals nothing, and the study's "
+                   "ledger lets exactly one commit finish",
+         "score": "running `score` again is safe: this run ends FAILED, and the ledger lets exactly one score finish",
+         "train": "this attempt ends FAILED; `train` again starts the arm's next attempt (or `-P resume_from=<run id>` "
+                  "continues it from a full state)"}
+"""What running a step again does after the server went away under it (any other: it starts afresh)."""
+
+
+def lost_server_reason(step: str, run_id: str, why: str) -> str:
+    """The one line of a step whose tracking server stopped answering in the middle of it: that
+    fault, what running the step again does, and where the run's end waits."""
     import mlflow
 
     box = outbox.Outbox(run_id, grace_s=0)
+    again = AGAIN.get(step, f"running `{step}` again is safe: this run ends FAILED and the next one starts afresh")
+    return (f"tracking: the tracking server {mlflow.get_tracking_uri()} stopped answering during {step} ({why}); "
+            f"once it answers, {again}. This run's end waits in {box.dir} (`gradshare upload {box.dir}`)")
+
+
+def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None = None, said: str = "") -> bool:
+    """End the step's run with its tags, first logging `texts` (`{artifact_file: text}`) to it;
+    returns whether the store took them (the caller prints them where it did not). Where the
+    server does not answer, or the run's earlier records still wait in its outbox, the end waits
+    there behind them (`gradshare upload`), and one line says which of the two it is, unless the
+    line the step already printed (`said`) named that outbox."""
+    import mlflow
+
+    box = outbox.Outbox(run_id, grace_s=0, log=lambda line: None)  # its words on a lost server: one line below
     if not box.pending() and outbox.reachable():
         stored = _log_texts(texts or {})
         if tags:
@@ -221,9 +252,15 @@ def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None =
         except Exception:  # noqa: BLE001 - the end is in the journal
             pass
     if box.pending():
-        print(f"[gradshare] the tracking server does not answer: the run's end ({status}) and "
-              f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
-              file=sys.stderr, flush=True)
+        if str(box.dir) not in said:
+            if (why := connection.unreachable()) is not None:
+                print(f"[gradshare] the tracking server does not answer ({why}): the run's end ({status}) and "
+                      f"{box.pending()} records wait in {box.dir}; deliver them with `gradshare upload {box.dir}`",
+                      file=sys.stderr, flush=True)
+            else:  # it answers: what waits is behind a record the store refused (full, read-only)
+                print(f"[gradshare] the tracking store refused a record of this run: {box.pending()} records, the "
+                      f"run's end among them, wait behind it in {box.dir}; make room in the store (or let it "
+                      f"write), then `gradshare upload {box.dir}`", file=sys.stderr, flush=True)
         raise SystemExit(1)
     return False
 

@@ -47,7 +47,7 @@ from gradshare.cost import limits
 from gradshare.tracking import claims, connection, outbox, store, study_runs
 from gradshare.tracking.outbox import Outbox
 from gradshare.train import env as env_names
-from gradshare.train import failures, fullstate
+from gradshare.train import failures, fullstate, heartbeat, result
 from gradshare.train import workdir as workdir_files
 from gradshare.train.env import LINK_ENV, RATE_ENV
 from gradshare.train.fullstate import MANIFEST
@@ -180,30 +180,110 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         proc = subprocess.Popen(cmd, env=env, stderr=log)
     follow = _Follower(log_path)
     try:
-        rc = proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        stop_tree(proc.pid)
-        a = plan.arms
-        raise StudyError(
-            f"timeout: arm {arm} did not finish within {limit:.0f}s (arms.startup_s {a.startup_s:g} + "
-            f"{plan.schedule.updates} updates x arms.expected_update_s {a.expected_update_s:g} x "
-            f"arms.timeout_margin {a.timeout_margin:g}); every rank was stopped. A rank hung or the "
-            f"hardware is slower than planned: raise arms.expected_update_s at prepare") from None
-    finally:  # an interrupt or error in this process must not leave ranks behind
-        if proc.poll() is None:
-            stop_tree(proc.pid)
+        rc = _watch(plan, arm, proc, workdir, limit)
+    except StudyError as exc:  # stalled or timed out: every process stopped; how far the arm got
+        last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
+        raise StudyError(f"{exc}{last}") from None
+    finally:  # an interrupt or error in this process must not leave ranks behind, orphans included
+        _stop_all(proc, workdir)
         follow.stop()
         if run_id:  # the run's log, whatever happened
             _keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
+    if rc != 0 and _trained_whole(workdir):
+        # Every update done and the checkpoint written (rank 0's summary, no rank's reason): a
+        # process that died after that (the launcher, a rank killed after the checkpoint, rank 0
+        # stopped while it recorded) costs nothing. The arm is recorded whole, here if need be.
+        print(f"[gradshare] arm {arm}: the launcher ended with code {rc} after every update and the checkpoint "
+              f"were done: the arm is recorded whole", file=sys.stderr, flush=True)
+        if run_id:
+            summary = json.loads((workdir / workdir_files.SUMMARY).read_text())
+            result.complete(Outbox(run_id, plan.arms.tracking_grace_s), summary,
+                            lambda line: print(line, file=sys.stderr, flush=True))
+        return
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
+        if reason.startswith(workdir_files.WORKDIR_CHANGED):  # the machine's fault: no attempt used
+            if run_id:
+                _keep_text(plan, run_id, details, "failure/details.txt")
+            raise Refusal(reason)
         if run_id:
             _keep_text(plan, run_id, details, "failure/details.txt")
             if not reason.startswith(failures.SAYS_WHERE):
                 reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
+            box = Outbox(run_id, 0)
+            if result.weights_wait(box) and "gradshare upload" not in reason:
+                reason += f"; the trained weights are kept in {box.dir}: `gradshare upload {box.dir}` delivers them"
         print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
               file=sys.stderr, flush=True)
         raise StudyError(reason)
+
+
+WATCH_EVERY_S = 2.0  # how often the launcher, the orphans and the heartbeats are looked at
+
+
+def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: float) -> int:
+    """The launcher's exit code, once it and every worker it started have ended. Meanwhile each
+    rank's heartbeat (`heartbeat.stalled`): a rank stopped or hung ends the arm within
+    `arms.stall_s` / `arms.hang_updates` x `arms.expected_update_s`, named; the arm's time limit
+    stays the outer bound. A launcher killed mid-arm leaves its workers running: they are
+    watched the same way until they end, and the arm completes (README, "Faults")."""
+    a = plan.arms
+    deadline = time.monotonic() + limit
+    rc = None
+    while True:
+        if rc is None:
+            try:
+                rc = proc.wait(timeout=WATCH_EVERY_S)
+                if rc != 0 and (left := workers(workdir, proc.pid)):
+                    print(f"[gradshare] arm {arm}: the launcher ended with code {rc} while {len(left)} worker(s) "
+                          f"run on: they are watched until they end", file=sys.stderr, flush=True)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            time.sleep(WATCH_EVERY_S)
+        if rc is not None and not workers(workdir, proc.pid):
+            return rc
+        why = heartbeat.stalled(heartbeat.read(workdir), time.time(), a.stall_s, a.hang_s(),
+                                a.expected_startup_s + a.hang_s())
+        if why:
+            _stop_all(proc, workdir)
+            raise StudyError(f"stalled: arm {arm}: {why}; every process of the arm was stopped")
+        if time.monotonic() > deadline:
+            _stop_all(proc, workdir)
+            raise StudyError(
+                f"timeout: arm {arm} did not finish within {limit:.0f}s (arms.startup_s {a.startup_s:g} + "
+                f"{plan.schedule.updates} updates x arms.expected_update_s {a.expected_update_s:g} x "
+                f"arms.timeout_margin {a.timeout_margin:g}); every rank was stopped. The hardware is slower "
+                f"than planned: raise arms.expected_update_s at prepare")
+
+
+def workers(workdir: Path, launcher_pid: int) -> list[psutil.Process]:
+    """The arm's worker processes on this host: every process started with this working
+    directory but the launcher (whose own command line names it too)."""
+    mark = f"--workdir {workdir}"
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid != launcher_pid and mark in " ".join(p.info["cmdline"] or []) and \
+                    p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _stop_all(proc: subprocess.Popen, workdir: Path) -> None:
+    """The launcher and its tree, then any worker that outlived it."""
+    if proc.poll() is None:
+        stop_tree(proc.pid)
+    for p in workers(workdir, proc.pid):
+        stop_tree(p.pid)
+
+
+def _trained_whole(workdir: Path) -> bool:
+    """Rank 0 wrote the arm's result (every update, the checkpoint and its hash) and no rank a
+    reason of its own (a store that refused the checkpoint, a replica mismatch)."""
+    return (workdir / workdir_files.SUMMARY).exists() and not failures.rank_reasons(workdir)
 
 
 def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
@@ -441,13 +521,18 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
 
 
 def _last_update(run_id: str) -> int:
-    """The arm's last update with logged metrics: from the server, or, where it does not answer,
-    from the run's outbox journal."""
+    """The arm's last completed update, from the record its step metrics are written to first:
+    the run's outbox journal, where rank 0 appends each update's metrics before anything is sent
+    (the server may not have the last ones yet when a fault ends the arm). The server only where
+    no journal is left (all delivered, on another host)."""
+    box = Outbox(run_id, 0)
+    if (box.dir / outbox.JOURNAL).exists():
+        return box.last_step(M.STEP_S)
     try:
         with outbox.fast_fail():
             return max((m.step for m in connection.client().get_metric_history(run_id, M.STEP_S)), default=0)
-    except Exception:  # noqa: BLE001 - the journal holds every update's metrics too
-        return Outbox(run_id, 0).last_step(M.STEP_S)
+    except Exception:  # noqa: BLE001 - neither answers: nothing is known to be done
+        return 0
 
 
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:

@@ -20,13 +20,13 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradshare.train.workdir import WORKERS_LOG
+from gradshare.train.workdir import WORKDIR_CHANGED, WORKERS_LOG
 
 # reasons that already say after which update the arm stopped
 SAYS_WHERE = ("deadline:", "budget:", "tracking:")
 # reasons the driver passes on as they are: they already say what stopped the arm
 OWN_WORDS = SAYS_WHERE + ("the artifact store refused", "replicas disagree", "diverged", "out of device memory",
-                          "stopped by the user")
+                          "stopped by the user", WORKDIR_CHANGED)
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,26 @@ _FIELD = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(\S+)", re.M)
 _SIMPLE = re.compile(r"died with <Signals\.(SIG\w+): (\d+)>|returned non-zero exit status (\d+)")
 
 
+ROOT_CAUSE = "Root Cause (first observed failure):"
+
+
+def _blocks(text: str) -> list[RankExit]:
+    exits = []
+    for block in _BLOCK.split(text)[1:]:
+        fields = dict(_FIELD.findall(block))
+        try:
+            exits.append(RankExit(int(fields["rank"]), int(fields["exitcode"]), fields.get("host", "?")))
+        except (KeyError, ValueError):
+            continue
+    return exits
+
+
 def launcher_exits(log_text: str) -> list[RankExit]:
-    """The failed ranks of torch elastic's failure summary (the last one in the log), in its
-    order; for one process (accelerate's simple launcher, no elastic agent) its
-    `CalledProcessError` line, as rank 0 of this host."""
+    """The failed ranks of torch elastic's failure summary (the last one in the log), the first
+    observed failure first: the summary lists the other failures before its root cause, and a
+    rank that the agent stopped because a peer died (SIGTERM) is one of those. For one process
+    (accelerate's simple launcher, no elastic agent) its `CalledProcessError` line, as rank 0 of
+    this host."""
     start = log_text.rfind("Failures:")
     if start < 0:
         simple = _SIMPLE.findall(log_text)
@@ -64,14 +80,11 @@ def launcher_exits(log_text: str) -> list[RankExit]:
             return []
         _, number, status = simple[-1]
         return [RankExit(0, -int(number) if number else int(status), socket.gethostname())]
-    exits = []
-    for block in _BLOCK.split(log_text[start:])[1:]:
-        fields = dict(_FIELD.findall(block))
-        try:
-            exits.append(RankExit(int(fields["rank"]), int(fields["exitcode"]), fields.get("host", "?")))
-        except (KeyError, ValueError):
-            continue
-    return exits
+    summary = log_text[start:]
+    root = summary.find(ROOT_CAUSE)
+    if root < 0:
+        return _blocks(summary)
+    return _blocks(summary[root:]) + _blocks(summary[:root])
 
 
 def rank_reasons(workdir: Path) -> dict[int, str]:

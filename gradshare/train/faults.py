@@ -12,6 +12,16 @@
     GRADSHARE_INJECT_KILL_LAUNCHER=1  once rank 0 has written the final checkpoint, the train step
                                   that launched the workers is killed (SIGKILL): the workers
                                   must record the arm without it
+    GRADSHARE_INJECT_STOP_AT=U:R  rank R stops itself (SIGSTOP) at the start of update U: a frozen
+                                  process, which the train step must name within arms.stall_s
+    GRADSHARE_INJECT_KILL_AGENT_AT=U  rank 0 kills the launcher that started it (`accelerate
+                                  launch`, SIGKILL) at the start of update U: its workers go on,
+                                  watched by the train step, and the arm completes
+    GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT=R  rank R is killed (SIGKILL) once rank 0 has written
+                                  the final checkpoint: the arm is FINISHED all the same
+    GRADSHARE_INJECT_CORRUPT=FILE every rank overwrites FILE of the arm's working directory (e.g.
+                                  plan.json) as it starts, after the train step verified it: a
+                                  refusal naming the file, no attempt used
 
 Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
 """
@@ -34,6 +44,10 @@ SLOW_ENV = "GRADSHARE_INJECT_SLOW_S"
 KILL_ENV = "GRADSHARE_INJECT_KILL_AT"
 KILL_LAUNCHER_ENV = "GRADSHARE_INJECT_KILL_LAUNCHER"
 PERTURB_ENV = "GRADSHARE_INJECT_PERTURB_RANK"
+STOP_ENV = "GRADSHARE_INJECT_STOP_AT"
+KILL_AGENT_ENV = "GRADSHARE_INJECT_KILL_AGENT_AT"
+KILL_AFTER_CKPT_ENV = "GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT"
+CORRUPT_ENV = "GRADSHARE_INJECT_CORRUPT"
 
 
 @dataclass(frozen=True)
@@ -46,6 +60,11 @@ class Faults:
     kill_rank: int = 0
     kill_launcher: bool = False
     perturb_rank: int = -1  # -1: none
+    stop_at: int = 0
+    stop_rank: int = 0
+    kill_agent_at: int = 0
+    kill_after_checkpoint_rank: int = -1  # -1: none
+    corrupt: str = ""  # a file of the working directory; "": none
 
     def after_training(self, model, rank: int) -> None:
         if self.perturb_rank == rank:
@@ -55,6 +74,19 @@ class Faults:
             with torch.no_grad():
                 p.view(-1)[0] += 1e-3
             print(f"[gradshare] fault injection ({PERTURB_ENV}): rank {rank} perturbed {name}", flush=True)
+
+    def at_start(self, workdir, rank: int) -> None:
+        """Every rank, first thing: the working directory as a faulty machine might leave it."""
+        if self.corrupt:
+            print(f"[gradshare] fault injection ({CORRUPT_ENV}): rank {rank} overwrote {self.corrupt}", flush=True)
+            (workdir / self.corrupt).write_text('{"not": "what the train step verified"')
+
+    def checkpoint_written(self, rank: int) -> None:
+        """Every rank, once rank 0 has written the final checkpoint."""
+        if self.kill_after_checkpoint_rank == rank:
+            print(f"[gradshare] fault injection ({KILL_AFTER_CKPT_ENV}): rank {rank} killed after the checkpoint",
+                  flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def after_checkpoint(self) -> None:
         if self.kill_launcher:
@@ -69,6 +101,13 @@ class Faults:
             sleep(self.slow_s)
 
     def update_start(self, update: int, rank: int, sleep=time.sleep) -> None:
+        if self.stop_at and update == self.stop_at and rank == self.stop_rank:
+            print(f"[gradshare] fault injection ({STOP_ENV}): rank {rank} stopped at update {update}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if self.kill_agent_at and update == self.kill_agent_at and rank == 0:
+            print(f"[gradshare] fault injection ({KILL_AGENT_ENV}): the launcher (pid {os.getppid()}) killed at "
+                  f"update {update}", flush=True)
+            os.kill(os.getppid(), signal.SIGKILL)
         if self.kill_at and update == self.kill_at and rank == self.kill_rank:
             print(f"[gradshare] fault injection ({KILL_ENV}): rank {rank} killed at update {update}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -99,10 +138,22 @@ def from_env(env=None) -> Faults:
                          f"{HANG_ENV}={hang!r} and {KILL_ENV}={kill!r} must be UPDATE:RANK (e.g. 3:1) and "
                          f"{SLOW_ENV}={slow!r} "
                          f"seconds; unset them to train without faults") from None
+    stop = env.get(STOP_ENV, "").strip()
+    agent = env.get(KILL_AGENT_ENV, "").strip()
+    after_ckpt = env.get(KILL_AFTER_CKPT_ENV, "").strip()
+    try:
+        stop_at, stop_rank = (int(x) for x in stop.split(":")) if stop else (0, 0)
+        kill_agent_at = int(agent) if agent else 0
+        kill_after_checkpoint_rank = int(after_ckpt) if after_ckpt else -1
+    except ValueError:
+        raise ValueError(f"fault injection: {STOP_ENV}={stop!r} must be UPDATE:RANK, {KILL_AGENT_ENV}={agent!r} an "
+                         f"update and {KILL_AFTER_CKPT_ENV}={after_ckpt!r} a rank; unset them to train without "
+                         f"faults") from None
     launcher = env.get(KILL_LAUNCHER_ENV, "").strip().lower() in ("1", "true", "yes")
     perturb = env.get(PERTURB_ENV, "").strip()
     try:
         perturb_rank = int(perturb) if perturb else -1
     except ValueError:
         raise ValueError(f"fault injection: {PERTURB_ENV}={perturb!r} must be a rank (e.g. 1)") from None
-    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank)
+    return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank, stop_at, stop_rank,
+                  kill_agent_at, kill_after_checkpoint_rank, env.get(CORRUPT_ENV, "").strip())

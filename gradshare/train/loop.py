@@ -243,7 +243,8 @@ def _accumulate_packed(net, steps: StaticSteps, arm: Arm, mbs, inputs: list[dict
 
 def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
           device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
-          full_state: FullStatePolicy | None = None, profile: ProfileRequest | None = None) -> LoopResult:
+          full_state: FullStatePolicy | None = None, profile: ProfileRequest | None = None,
+          heartbeat=None) -> LoopResult:
     """Run every update of the schedule; `on_step(update, metrics, docs_sha)` is called on rank 0
     and may return a reason to stop after this update (`tracking: ...`), which every rank follows.
 
@@ -258,6 +259,9 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
 
     `profile` (`gradshare.train.profiling`): one update profiled into a table.
 
+    `heartbeat` (`gradshare.train.heartbeat.Heartbeat`): told of every completed update and of
+    the full-state saves, so that the train step can tell a stopped or hung rank.
+
     Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
     `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
     phase = ["start-up: the model, its compiled shapes and DDP's buckets"]
@@ -271,7 +275,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
     try:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-                          full_state, phase, profile)
+                          full_state, phase, profile, heartbeat)
     except torch.OutOfMemoryError as exc:
         raise DeviceMemoryError(out_of_memory_reason(exc, plan.hardware.max_device_gib, phase[0], device)) from None
     finally:
@@ -483,7 +487,7 @@ def _agree_to_stop(a: _Arm, stop: tuple[str, str] | None, u: int) -> None:
 
 
 def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-           full_state, phase, profile=None) -> LoopResult:
+           full_state, phase, profile=None, heartbeat=None) -> LoopResult:
     """Set up, restore, then every update: run it, account for it, save a full state where the
     policy says, and agree whether to stop."""
     resume = full_state.resume if full_state else None
@@ -512,8 +516,14 @@ def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world
             res.wire_first = out.wire_before  # where the startup phase ends (metering)
         eta = (time.perf_counter() - t_start) / (u - first + 1) * (total - u)
         stop = _account(a, u, total, out, n_global, update_docs, res, books, limits, on_step, eta)
+        if heartbeat is not None:  # after rank 0 journaled the update's metrics: the same count
+            heartbeat.progress(u)
         if full_state and full_state.saves_after(u, total):
+            if heartbeat is not None:  # a save and its upload: no update bound fits them
+                heartbeat.phase("full state")
             _save_full_state(full_state, u, a.arm.name, model, a.opt, a.psgd_state, res, rank, world)
+            if heartbeat is not None:
+                heartbeat.phase("updates")
         _agree_to_stop(a, stop, u)
     res.hook_passes = a.psgd_state.iter if a.psgd_state is not None else None
     return res

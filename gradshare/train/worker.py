@@ -14,6 +14,7 @@ that fails writes `failure.rank<N>.txt` in `W` for the driver to report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -35,13 +36,13 @@ from gradshare.hosts.metering import (
 )
 from gradshare.model.lm import save_model, seed_model
 from gradshare.tracking.outbox import Outbox, ServerLost
-from gradshare.train import env, fullstate, profiling
+from gradshare.train import env, fullstate, heartbeat, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
 from gradshare.train.loop import FullStatePolicy, LimitStop, train
 from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 from gradshare.train.replicas import ReplicaMismatch, check_agree
-from gradshare.train.result import StoreRefused, checkpoint_dir, record
+from gradshare.train.result import StoreRefused, checkpoint_dir, record, signals_deferred
 from gradshare.util.hashing import checkpoint_sha256, file_entries
 from gradshare.util.devices import indexed
 from gradshare.util.jsonio import read_jsonl
@@ -70,9 +71,11 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 
 
     t_wall = time.perf_counter()
+    beat = heartbeat.Heartbeat(workdir, int(os.environ.get("RANK", "0")))  # the train step watches it
     faults = F.from_env()
+    faults.at_start(workdir, int(os.environ.get("RANK", "0")))
     wire_start = host_counters()  # before the process group exists: startup counts its set-up
-    plan = workdir_files.read_plan(workdir)  # refused where it no longer hashes to its plan_sha256
+    plan = workdir_files.verify(workdir)  # the handed-over files as verified: else a refusal, no attempt
     if plan.hardware.threads_per_process > 0:  # the launcher set OMP's; torch's own pool too
         torch.set_num_threads(plan.hardware.threads_per_process)
     # A rank waits for its peers at most as long as the launcher waits for the arm: a dead or
@@ -138,7 +141,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
     profile = profiling.from_env(workdir, rank)
     res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full,
-                profile)
+                profile, heartbeat=beat)
+    beat.phase("finish")  # the replica check, the checkpoint and its upload: alive is what counts
     phases_s["updates"] = res.active_s
     if box is not None and profile is not None and profile.out.exists():
         box.artifacts(profile.out, "profile")
@@ -158,38 +162,46 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     peaks = gather((torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30)
                    if device.type == "cuda" else None, world)  # each rank's, against the plan's cap
     before_ckpt = gather(host_counters(), world)
-    if rank == 0:
+    # Rank 0, from the checkpoint's first byte to the summary that says it is whole: SIGTERM and
+    # SIGINT wait (the agent stops rank 0 when a peer dies; the arm's result must not die with it).
+    with signals_deferred() if rank == 0 else contextlib.nullcontext():
+        if rank == 0:
 
-        t0 = time.perf_counter()
-        # into the run's outbox: on local disk before any upload, kept until the store has it
-        ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
-        entries = file_entries(ckpt)
-        save_s = phases_s["checkpoint_write"] = time.perf_counter() - t0
-        faults.after_checkpoint()
-    after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
-    if rank == 0:
-        wire = phases(starts, res.wire_first, res.wire, before_ckpt, after_ckpt)
-        summary = M.summary_metrics(
-            active_s=res.active_s, tokens=res.tokens, world=world, wall_s=time.perf_counter() - t_wall,
-            save_s=save_s, ckpt_bytes=sum(e["bytes"] for e in entries), logical_bytes=res.logical_bytes,
-            logical_bytes_post_warmup=res.logical_bytes_post_warmup, final_loss=res.losses[-1], wire=wire)
-        for line in phase_lines(wire, after_ckpt):
-            log(f"[{arm}] {line}")
-        log(f"[{arm}] torch threads per rank: {threads}")
-        # the checkpoint's identity is its weights' content, not files that embed library versions
-        summary |= {M.REPLICA_TENSORS: checked} | {M.phase_s(k): v for k, v in phases_s.items()}
-        for r, peak in enumerate(peaks):
-            if peak is not None:
-                summary |= {M.peak_allocated_gib(r): peak[0], M.peak_reserved_gib(r): peak[1]}
-                log(f"[{arm}] rank {r}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
-        result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
-                  "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
-        (workdir / workdir_files.SUMMARY).write_text(json.dumps(result, indent=1))
-        if box is not None:
-
-            box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
-            record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
-    wait_for_everyone()
+            t0 = time.perf_counter()
+            # into the run's outbox: on local disk before any upload, kept until the store has it
+            ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
+            entries = file_entries(ckpt)
+            save_s = phases_s["checkpoint_write"] = time.perf_counter() - t0
+            faults.after_checkpoint()
+        after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
+        faults.checkpoint_written(rank)
+        if rank == 0:
+            wire = phases(starts, res.wire_first, res.wire, before_ckpt, after_ckpt)
+            summary = M.summary_metrics(
+                active_s=res.active_s, tokens=res.tokens, world=world, wall_s=time.perf_counter() - t_wall,
+                save_s=save_s, ckpt_bytes=sum(e["bytes"] for e in entries), logical_bytes=res.logical_bytes,
+                logical_bytes_post_warmup=res.logical_bytes_post_warmup, final_loss=res.losses[-1], wire=wire)
+            for line in phase_lines(wire, after_ckpt):
+                log(f"[{arm}] {line}")
+            log(f"[{arm}] torch threads per rank: {threads}")
+            # the checkpoint's identity is its weights' content, not files that embed library versions
+            summary |= {M.REPLICA_TENSORS: checked} | {M.phase_s(k): v for k, v in phases_s.items()}
+            for r, peak in enumerate(peaks):
+                if peak is not None:
+                    summary |= {M.peak_allocated_gib(r): peak[0], M.peak_reserved_gib(r): peak[1]}
+                    log(f"[{arm}] rank {r}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
+            result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
+                      "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
+            (workdir / workdir_files.SUMMARY).write_text(json.dumps(result, indent=1))
+    if rank == 0 and box is not None:
+        box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
+        record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
+    try:
+        wait_for_everyone()
+    except Exception as exc:  # noqa: BLE001 - a peer gone after the result was written costs nothing
+        if not (workdir / workdir_files.SUMMARY).exists():
+            raise
+        log(f"[{arm}] a peer ended before the last barrier ({type(exc).__name__}); the arm's result is whole")
 
 
 def _full_state(workdir: Path, world: int, rank: int, box, log):
@@ -229,7 +241,8 @@ def main(argv=None) -> None:
     except BaseException as exc:
 
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
-        if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch)):  # `deadline: ...`, `out of device memory ...`
+        if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch,
+                            workdir_files.WorkdirChanged)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"

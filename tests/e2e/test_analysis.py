@@ -106,6 +106,49 @@ def test_the_analyze_run_shows_the_verdict_as_columns_of_the_runs_table(analysed
     assert run.data.params["speed_screen"] == words[s["pass"]]
 
 
+def test_the_verdict_is_the_description_of_the_studys_page_and_of_the_analyze_run(analysed):
+    """At first sight, through the server: the experiment's description (its page, opened from the
+    experiment list) and the analyze run's (its page) are the verdict: both screens' words in the
+    heading, the table beneath, as this analysis decided them."""
+    from analysis.analyze import description
+    from gradshare.contract.tags import NOTE
+
+    study, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    c = connection.client()
+    words = {True: "PASS", False: "FAIL", None: "NULL"}
+    heading = (f"### Quality screen: {words[v['quality_screen']['pass']]} · "
+               f"speed screen: {words[v['speed_screen']['pass']]}")
+    study_page, run_page = c.get_experiment_by_name(study).tags[NOTE], c.get_run(run.info.run_id).data.tags[NOTE]
+    assert study_page == run_page and study_page.startswith(heading + "\n"), study_page[:200]
+    # the table this verdict makes, line for line where verdicts.json's sorted keys cannot reorder it
+    lines = study_page.splitlines()
+    for arm, a in v["arms"].items():
+        assert any(line.startswith(f"{arm:<10}{a['status']:<12}") for line in lines), (arm, study_page)
+    made = description(v).splitlines()
+    for key in ("quality screen: ", "speed screen: ", "cost: ", "budget: "):
+        [mine] = [line for line in made if line.startswith(key)]
+        assert mine in lines, (mine, study_page)
+
+
+def test_every_run_of_the_study_has_a_name_that_says_its_step(analysed):
+    """No run keeps a name MLflow drew at random (`mlflow run` makes each launcher's run with
+    one): each is named after its step (`prepare`, `train-dense-attempt1`, `score-seed`, ...), a
+    refusal `refused-<step>...`, tagged; no run but a refusal is KILLED."""
+    from gradshare.contract.tags import REFUSAL, RUN_NAME, STEP
+
+    study = analysed[0]
+    exp = connection.client().get_experiment_by_name(study)
+    runs = connection.client().search_runs([exp.experiment_id], max_results=1000)
+    assert len(runs) >= 8
+    for r in runs:
+        name, step = r.data.tags.get(RUN_NAME, ""), r.data.tags.get(STEP, "")
+        refused, kind = r.data.tags.get(REFUSAL) == "true", step.split("-")[0]  # train-host: train-<arm>-host1
+        assert kind and name.startswith(f"refused-{kind}" if refused else kind), (name, step, r.info.run_id)
+        # KILLED is a refusal's alone (bare `mlflow run`'s launcher turns a refusal's end FAILED)
+        assert r.info.status != "KILLED" or refused, (name, r.info.status)
+
+
 def test_the_report_shows_tables_and_self_contained_plots(analysed):
     _, run, files, _ = analysed
     md, page = files["report.md"].read_text(), files["report.html"].read_text()

@@ -147,8 +147,12 @@ def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_uploa
         assert run.info.status == "FAILED" and "the artifact store refused the trained checkpoint" in reason, reason
         assert f"gradshare upload {kept}" in reason and "MlflowException" in reason, reason  # the store's answer
         assert len(c.get_metric_history(run.info.run_id, M.STEP_S)) == 8  # every update trained
+        # one line names the fault, and it is the store's: no word of a server that does not answer
+        told = [line for line in proc.stderr.splitlines() if f"gradshare upload {kept}" in line]
+        assert len(told) == 1 and "does not answer" not in proc.stderr, proc.stderr[-3000:]
         weights = kept / "checkpoint" / "model.safetensors"
         assert weights.stat().st_size > 256 * 1024
+        kept_bytes = weights.read_bytes()
         filler.unlink()  # room made
         up = subprocess.run([sys.executable, "-m", "entrypoints.cli", "upload", str(kept)], cwd=REPO,
                             env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
@@ -160,7 +164,8 @@ def test_a_full_artifact_store_after_the_last_update_keeps_the_weights_and_uploa
         path = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="checkpoint",
                                                    dst_path=str(got), tracking_uri=server.uri)
         assert checkpoint_sha256(path) == run.data.tags[CKPT_SHA]
-        assert (Path(path) / "model.safetensors").read_bytes() == weights.read_bytes()
+        assert (Path(path) / "model.safetensors").read_bytes() == kept_bytes
+        assert not kept.exists()  # the store has it all: the outbox's copy is removed
     finally:
         if server is not None:
             server.stop()

@@ -89,8 +89,9 @@ def test_past_the_grace_time_the_journal_is_uploaded_by_the_documented_command(l
     done = connection.client().get_run(run.info.run_id)
     assert done.info.status == "FAILED" and done.data.tags[FAILURE] == "tracking: planted"
     assert _history(run.info.run_id, "loss") == [(1, 2.0)]
+    assert not (tmp_path / "box" / run.info.run_id).exists()  # ended and delivered: its outbox removed
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)  # sent at most once
-    assert "nothing waiting" in again.stdout and _history(run.info.run_id, "loss") == [(1, 2.0)]
+    assert again.returncode == 0 and _history(run.info.run_id, "loss") == [(1, 2.0)]
 
 
 def _train(study: str, arm: str, box_dir, env: dict, *args: str) -> subprocess.Popen:

@@ -12,10 +12,14 @@ from gradshare.train import failures
 from gradshare.train.workdir import WORKERS_LOG
 
 
-def _summary(exits: dict[int, int]) -> str:
-    """torch elastic's summary for ranks that ended with these exit codes (negative: a signal)."""
+def _summary(exits: dict[int, int], first: int | None = None) -> str:
+    """torch elastic's summary for ranks that ended with these exit codes (negative: a signal);
+    `first`: the rank whose failure torch saw first (its root cause)."""
     procs = {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="")
              for rank, code in exits.items()}
+    if first is not None:
+        for rank, proc in procs.items():
+            proc.timestamp = 1_000 if rank == first else 2_000
     return "Traceback (most recent call last):\n  ...\n" + str(ChildFailedError("gradshare.train.worker", procs))
 
 
@@ -58,3 +62,14 @@ def test_a_rank_that_failed_on_its_own_is_named_with_its_reason(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert failures.explain(empty, "dense", 3)[0] == "arm dense: a worker process exited with code 3 and left no reason"
+
+
+def test_the_rank_that_failed_first_is_named_not_the_one_the_agent_stopped_after_it(tmp_path):
+    """Rank 1 SIGKILLed after the last update; torch elastic then stops rank 0 with SIGTERM. Its
+    summary lists rank 0 under "Failures" and rank 1 as the root cause: rank 1 and SIGKILL."""
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: -signal.SIGTERM, 1: -signal.SIGKILL}, first=1))
+    assert [e.rank for e in failures.launcher_exits((tmp_path / WORKERS_LOG).read_text())] == [1, 0]
+    reason, _ = failures.explain(tmp_path, "dense", 1)
+    assert reason == f"arm dense: rank 1 on host {socket.getfqdn()} was killed by SIGKILL (exit code -9)"
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: -signal.SIGTERM, 1: -signal.SIGKILL}, first=0))
+    assert failures.explain(tmp_path, "dense", 1)[0].startswith("arm dense: rank 0 ")  # the other order too
