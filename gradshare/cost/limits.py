@@ -34,6 +34,7 @@ from pathlib import Path
 from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal
 from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
+from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, cross_zone_bytes, logical_bytes_per_exchange
 from gradshare.model.lm import (  # torch: here only, the launcher loads none
@@ -184,11 +185,16 @@ def expected_arm(study: str, plan, arm: str) -> dict:
                 return {"update_s": statistics.median(hist), "startup_s": measured,
                         "source": f"measured on arm {other}"}
             startup = startup or (measured, other)
-    if startup is not None:
-        return {"update_s": plan.arms.expected_update_s, "startup_s": startup[0],
-                "source": f"the plan's arms.expected_update_s; start-up and checkpoint measured on arm {startup[1]}"}
-    return {"update_s": plan.arms.expected_update_s, "startup_s": plan.arms.expected_startup_s,
-            "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
+    start_s, start_source = (startup[0], f"start-up and checkpoint measured on arm {startup[1]}") if startup \
+        else (plan.arms.expected_startup_s, "the plan's arms.expected_startup_s")
+    figures = measured.latest(study) if n > 1 else None
+    if figures is not None:  # the hosts' own link, measured before any arm spent on it
+        c, c_source = measured.compute_s(study, plan)
+        per = measured.arm_seconds(plan, arm, c, figures) / plan.schedule.updates
+        return {"update_s": per, "startup_s": start_s,
+                "source": f"{c_source} x 1/2 + the exchange {measured.provenance(figures)}; {start_source}"}
+    return {"update_s": plan.arms.expected_update_s, "startup_s": start_s,
+            "source": f"the plan's arms.expected_update_s; {start_source}"}
 
 
 def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
