@@ -126,9 +126,12 @@ def compute_s(study: str, plan) -> tuple[float, str]:
 
 
 def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, shapes, start_epoch: float,
-             now: float, spent_usd: float, done_arms: set[str]) -> dict:
+             now: float, spent_usd: float, done_arms: set[str], per_update: dict[str, float] | None = None) -> dict:
     """Hours and dollars of the arms not yet done, on the measured hosts, against the deadline and
-    the budget; the speed screen projected at the burst and at the sustained rate."""
+    the budget; the speed screen projected at the burst and at the sustained rate. `per_update`:
+    each arm's seconds per update from the GPU projection with the measured figures
+    (`projection.for_plan(..., figures=)`: compression and the host error's copies counted), in
+    place of this module's compute-plus-exchange."""
     c, c_source = compute
     price = host_price(plan)
     p = plan.powersgd
@@ -139,7 +142,8 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
         if arm in done_arms:
             continue
         hosts = plan.arms.processes(arm)
-        seconds = startup_s + arm_seconds(plan, arm, c, figures)
+        seconds = startup_s + (per_update[arm] * plan.schedule.updates if per_update and arm in per_update
+                               else arm_seconds(plan, arm, c, figures))
         kind = plan.arm(arm)
         cross = 0.0
         if hosts > 1 and len(set(plan.infra.zones[:hosts])) > 1:
@@ -156,6 +160,8 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
         n = plan.schedule.updates
         for rate in ("first", "last"):
             speed[rate] = (n * c) / arm_seconds(plan, "powersgd", c, figures, rate=rate)
+        if per_update and {"single", "powersgd"} <= set(per_update):  # the GPU projection's, one rate
+            speed["first"] = speed["last"] = per_update["single"] / per_update["powersgd"]
         lo, hi = min(speed.values()), max(speed.values())
         thr = plan.screen.speed_ratio
         speed["verdict"] = "pass" if lo >= thr else "fail" if hi < thr else "uncertain"

@@ -328,3 +328,12 @@ def recorded_workload(prep) -> dict | None:
         return json.loads(study_runs.download(prep.info.run_id, f"inputs/{WORKLOAD}").read_text())
     except (MlflowException, OSError):
         return None
+
+
+def gpu_per_update(plan, prep, figures: dict) -> dict[str, float] | None:
+    """Each arm's seconds per update from the GPU projection with the measured link and host link
+    (a GPU study); None on CPUs, where the projection's GPU figures say nothing."""
+    if plan.hardware.device != "cuda":
+        return None
+    rows = for_plan(plan, prep, log=lambda *a: None, figures=figures)["rows"]
+    return {r["arm"]: r["s_per_update"] for r in rows}

@@ -28,35 +28,32 @@ from pathlib import Path
 from gradshare.contract.errors import StudyError
 from gradshare.contract.plan import Plan
 from gradshare.contract.tags import NOTE, SOCKETS_BEST
-from gradshare.cost import limits, measured
+from gradshare.cost import limits, measured, projection
 from gradshare.cost.volume import should_compress
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import store, study_runs
 from gradshare.train.driver import Launch, check_launch, free_port
 
-FIRST_BUCKET_BYTES = 1 << 20  # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 ARTIFACT = "preflight.json"
 
 
 def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
     """(dense's all-reduces per update, PowerSGD's per compressed update), bytes. Dense's are
-    DDP's buckets of the FP32 gradient: parameters in reverse order (the order their gradients
-    come), the first bucket up to 1 MiB, then `powersgd.bucket_cap_mb` each. PowerSGD's are each
+    DDP's buckets of the FP32 gradient as it rebuilds them after the first backward: parameters
+    in reverse order (about the order their gradients come), each bucket closed once it holds
+    `powersgd.bucket_cap_mb` (checked against DDP's own in the tests). PowerSGD's are each
     bucket's P and its Q (the compressed matrices' n x r and m x r) and what it leaves
     uncompressed."""
     cap = plan.powersgd.bucket_cap_mb * 2**20
     buckets: list[list[tuple[int, ...]]] = [[]]
-    size, limit = 0, FIRST_BUCKET_BYTES
-    for shape in reversed(shapes):
-        numel = 1
-        for d in shape:
-            numel *= d
-        if size and size + 4 * numel > limit:
+    size = 0
+    for shape in reversed(shapes):  # the rebuilt buckets (after the first backward), as DDP fills them
+        if size >= cap:
             buckets.append([])
-            size, limit = 0, cap
+            size = 0
         buckets[-1].append(shape)
-        size += 4 * numel
+        size += 4 * _numel(shape)
     dense = [sum(4 * _numel(s) for s in b) for b in buckets]
     p = plan.powersgd
     psgd = []
@@ -192,8 +189,12 @@ def run_preflight(study: str, launch: Launch, log=print) -> dict:
     figures["run_id"] = run.info.run_id
     done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
     startup = limits.expected_arm(study, plan, "single")["startup_s"]
+    # a GPU study: each arm's update from the GPU projection with the measured link and host link,
+    # kept with the figures for the limits (which load no torch to recompute it)
+    figures["per_update"] = projection.gpu_per_update(plan, prep, figures)
     verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), startup, shapes,
-                                limits.study_start(prep), time.time(), limits.spent(study, plan), done)
+                                limits.study_start(prep), time.time(), limits.spent(study, plan), done,
+                                figures["per_update"])
     figures["go_no_go"] = verdict
     mlflow.log_dict(figures, ARTIFACT)
     mlflow.log_metrics(measured.metrics(figures))
