@@ -247,7 +247,7 @@ class HardwarePlan:
     """The arms' sockets between hosts, `TxS`: NCCL's socket transport with T threads of S sockets
     each (`NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`; T x S <= 64), gloo with T x S devices
     on the link's interface. `auto`: the setting the study's preflight measured fastest
-    (`gradshare preflight`), 1x1 where none ran. A cloud caps each flow (AWS: 5 Gbit/s between
+    (`gradshare preflight`), the libraries' own where none ran. A cloud caps each flow (AWS: 5 Gbit/s between
     instances outside a placement group): several sockets are several flows."""
     socket_ifname: str = ""
     """The network interface the arms' sockets use (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`);

@@ -18,7 +18,6 @@ import os
 
 from gradshare.contract.plan import socket_counts
 
-DEFAULT = "1x1"
 ENV_NAMES = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 

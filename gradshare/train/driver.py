@@ -169,14 +169,15 @@ def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
 def arm_sockets(study: str, plan: Plan, arm: str, launch: Launch) -> tuple[str, dict[str, str], str]:
     """(the socket setting, its environment for the workers, where it comes from) of a
     multi-process arm: the plan's `hardware.sockets`, or with `auto` the study's preflight's
-    fastest, else 1x1 (`gradshare.hosts.sockets`)."""
+    fastest, else nothing set (`gradshare.hosts.sockets`)."""
     if plan.arms.processes(arm) == 1:
         return "-", {}, "one process: no sockets"
     setting, source = plan.hardware.sockets, "the plan's hardware.sockets"
     if setting == "auto":
         figures = measured.latest(study)
-        setting, source = (figures["best"], f"the fastest of the preflight run {figures['run_id']}") if figures \
-            else (sockets.DEFAULT, "no preflight ran: 1x1")
+        if figures is None:  # nothing measured: NCCL's own choice (it tunes some clouds' NICs itself)
+            return "default", {}, "no preflight ran: the libraries' defaults"
+        setting, source = figures["best"], f"the fastest of the preflight run {figures['run_id']}"
     ifname = sockets.interface(plan, launch.main_process_ip)
     return setting, sockets.env_for(setting, sockets.backend(plan), ifname), source
 

@@ -4,7 +4,7 @@ and the whole together, as a cloud network does between instances in two zones:
 - the preflight reports both caps: one socket's flow below the several sockets' total;
 - the arms use the fastest setting it measured (`hardware.sockets=auto`), recorded on their runs,
   and the dense arm across the same link runs within 15% of what the preflight's figures project;
-- its go/no-go, both ways: a deadline that the measured link cannot meet refuses the first arm
+- its go/no-go, both ways: a budget that the measured link cannot meet refuses the first arm
   before it starts, naming the measured figure; a feasible one proceeds;
 - the socket settings reach the workers' environment (read by the worker, recorded on its run).
 
@@ -20,6 +20,7 @@ from gradshare.contract import metrics as M
 from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import FAILURE, REFUSAL, SOCKETS_BEST
 from gradshare.cost import measured
+from gradshare.cost.accounting import host_price
 from gradshare.hosts import netns
 from gradshare.steps.emulated import run_arm_across, run_preflight_across
 from gradshare.tracking import connection, study_runs
@@ -68,20 +69,32 @@ def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_15_pe
     assert abs(got - projected) / got <= 0.15, (got, projected)
 
 
+def _declared_single_usd(plan) -> float:
+    """What the budget check projects for `single` with no preflight: start-up and updates at the
+    plan's declared seconds, one host."""
+    a = plan.arms
+    return (a.expected_startup_s + plan.schedule.updates * a.expected_update_s) * host_price(plan) / 3600
+
+
 @needs_hosts
-@pytest.mark.parametrize("deadline_h, refused", [(0.01, True), (6.0, False)])
-def test_a_deadline_the_measured_link_cannot_meet_refuses_the_first_arm_and_a_feasible_one_proceeds(
-        mlflow_server, deadline_h, refused):
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_budget_the_measured_link_cannot_meet_refuses_the_first_arm_and_a_feasible_one_proceeds(
+        mlflow_server, refused):
+    """The bound between: `single` alone fits it at the plan's declared seconds, but the remaining
+    arms on the measured link (dense's exchange at 8 Mbit/s, seconds an update) do not."""
     study = f"preflight-go-{'no' if refused else 'yes'}"
-    run_entry("prepare", "--study", study, *overrides(PREFLIGHT | {"infra.deadline_hours": str(deadline_h)}))
-    rc = run_preflight_across(study, 2.0, timeout_s=900, flow_mbit=1.0)  # a slow link: 1 Mbit/s a flow
+    extra = PREFLIGHT | {"preflight.sockets": "1x1", "preflight.sustain_s": "1", "preflight.window_s": "1"}
+    plan = load_plan("tiny", {**SMALL, **extra})
+    budget = 3 * _declared_single_usd(plan) if refused else 1000 * _declared_single_usd(plan)
+    run_entry("prepare", "--study", study, *overrides(extra | {"infra.budget_usd": f"{budget:.8f}"}))
+    rc = run_preflight_across(study, 8.0, timeout_s=600, flow_mbit=8.0)
     assert rc == (3 if refused else 0)
     proc = run_entry("train", "--study", study, "--arm", "single", check=False)
     [run] = study_runs.search(study, "train", "single")
     if refused:
         assert run.info.status == "KILLED" and run.data.tags[REFUSAL] == "true"
         reason = run.data.tags[FAILURE]
-        assert reason.startswith("deadline: the study's remaining arms") and "preflight run" in reason, reason
-        assert "Gbit/s each way with sockets" in reason
+        assert reason.startswith("budget: the study's remaining arms") and "preflight run" in reason, reason
+        assert "Gbit/s each way with sockets 1x1" in reason and "past the $" in reason
     else:
         assert proc.returncode == 0 and run.info.status == "FINISHED", proc.stderr[-2000:]
