@@ -33,7 +33,7 @@ needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts 
 
 TOTAL_MBIT, FLOW_MBIT = 40.0, 10.0
 # 1 MB buckets: dense's exchange is several all-reduces in flight, which several sockets can carry
-PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "6", "preflight.window_s": "2",
+PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "4", "preflight.window_s": "1.5",
              "preflight.upload_mb": "4", "powersgd.bucket_cap_mb": "1", "model.pretrain_steps": "1"}
 
 
