@@ -4,6 +4,7 @@
     gradshare train --study gradshare-tiny --arm dense
     gradshare commit|score|analyze --study gradshare-tiny
     gradshare study --study gradshare-tiny --new-study true
+    gradshare preflight --study gradshare-full      # measure the hosts before any arm: go or no-go
     gradshare project [--study gradshare-tiny]      # speed and dollars on the study's hosts, 2-64 hosts
     gradshare guard --study gradshare-full          # stop the plan's EC2 instances at the deadline
     gradshare server [--profile full]               # the tracking server, artifacts where the plan says
@@ -17,6 +18,7 @@ from entrypoints import (
     analyze,
     commit,
     guard,
+    preflight,
     prepare,
     project,
     score,
@@ -27,7 +29,7 @@ from entrypoints import (
 )
 
 COMMANDS = {"prepare": prepare.main, "train": train.main, "commit": commit.main, "score": score.main,
-            "analyze": analyze.main, "study": study.main, "project": project.main, "guard": guard.main,
+            "analyze": analyze.main, "study": study.main, "project": project.main, "guard": guard.main, "preflight": preflight.main,
             "server": server.main, "upload": upload.main}
 
 

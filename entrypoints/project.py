@@ -37,6 +37,7 @@ from pathlib import Path
 from gradshare.contract.errors import StudyError
 from gradshare.contract.plan import load_plan
 from gradshare.cost import link as ML
+from gradshare.cost import measured as hosts_measured
 from gradshare.cost.projection import DEFAULT_HOSTS, for_plan, markdown, plot
 from gradshare.tracking import store, study_runs
 
@@ -90,7 +91,10 @@ def main(argv=None) -> None:
             print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows) + "\n")
     else:
         plan = load_plan("full", {})
-    p = for_plan(plan, prep, log=lambda m: print(m, flush=True), hosts=hosts)
+    figures = hosts_measured.latest(args.study) if args.study else None  # the preflight, where it ran
+    if figures is not None:
+        print(f"[gradshare] the link and host link {hosts_measured.provenance(figures)}", flush=True)
+    p = for_plan(plan, prep, log=lambda m: print(m, flush=True), hosts=hosts, figures=figures)
     out["study_hosts"] = p
     print(f"## The study's hosts, a projection\n\n{markdown(p)}")
     if args.plot:

@@ -243,6 +243,15 @@ class HardwarePlan:
     start both processes on the one visible GPU, over gloo (NCCL refuses two ranks on one
     device), through the same `accelerate launch`; single runs as always. Speed and cost are
     then not the study's. "": the study itself."""
+    sockets: str = "auto"
+    """The arms' sockets between hosts, `TxS`: NCCL's socket transport with T threads of S sockets
+    each (`NCCL_SOCKET_NTHREADS`, `NCCL_NSOCKS_PERTHREAD`; T x S <= 64), gloo with T x S devices
+    on the link's interface. `auto`: the setting the study's preflight measured fastest
+    (`gradshare preflight`), the libraries' own where none ran. A cloud caps each flow (AWS: 5 Gbit/s between
+    instances outside a placement group): several sockets are several flows."""
+    socket_ifname: str = ""
+    """The network interface the arms' sockets use (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`);
+    "": the libraries' own choice, or the environment's."""
 
 
 @dataclass(frozen=True)
@@ -352,6 +361,22 @@ class LinkPlan:
 
 
 @dataclass(frozen=True)
+class PreflightPlan:
+    """What `gradshare preflight` measures on the hosts before any arm (`gradshare.steps.preflight`)."""
+    sustain_s: float = 60.0
+    """Seconds each socket setting all-reduces the arms' buffers back to back: long enough that an
+    instance's "up to" burst runs out and its baseline shows."""
+    window_s: float = 10.0
+    """The first and the last this many seconds are compared: a burst shows as a first window
+    faster than the last."""
+    sockets: tuple[str, ...] = ("1x1", "2x2", "4x4")
+    """The socket settings measured (`hardware.sockets`' form)."""
+    upload_mb: int = 1024
+    """Megabytes uploaded to the tracking server's artifact store, timed and projected to the
+    checkpoint's size."""
+
+
+@dataclass(frozen=True)
 class Plan:
     study: StudyPlan = field(default_factory=StudyPlan)
     arms: ArmsPlan = field(default_factory=ArmsPlan)
@@ -365,6 +390,7 @@ class Plan:
     screen: ScreenPlan = field(default_factory=ScreenPlan)
     infra: InfraPlan = field(default_factory=InfraPlan)
     link: LinkPlan = field(default_factory=LinkPlan)
+    preflight: PreflightPlan = field(default_factory=PreflightPlan)
 
     # -- views ---------------------------------------------------------------
     def arm(self, name: str) -> Arm:
@@ -465,6 +491,15 @@ PROFILES: dict[str, dict[str, str]] = {
         "powersgd.staging_mb": "512",
     },
 }
+
+
+def socket_counts(setting: str) -> tuple[int, int] | None:
+    """`TxS` as (threads, sockets per thread), or None where it is not one NCCL accepts."""
+    try:
+        t, s = (int(x) for x in setting.lower().split("x"))
+    except ValueError:
+        return None
+    return (t, s) if t >= 1 and s >= 1 and t * s <= 64 else None
 
 
 def canonical_json(obj) -> str:
@@ -589,6 +624,14 @@ def validate(plan: Plan) -> Plan:
     if a.expected_update_s <= 0 or a.startup_s <= 0 or a.timeout_margin < 1:
         problems.append("arms.expected_update_s and arms.startup_s must be > 0 and "
                         "arms.timeout_margin >= 1")
+    for setting in (plan.hardware.sockets, *plan.preflight.sockets):
+        if setting != "auto" and socket_counts(setting) is None:
+            problems.append(f"socket setting {setting!r} (hardware.sockets, preflight.sockets) is not TxS with T, S >= 1 "
+                            f"and T x S <= 64 (NCCL's limit), nor auto")
+    if "auto" in plan.preflight.sockets or not plan.preflight.sockets:
+        problems.append("preflight.sockets lists the settings to measure: TxS each, at least one")
+    if plan.preflight.sustain_s <= 0 or plan.preflight.window_s <= 0 or plan.preflight.upload_mb < 0:
+        problems.append("preflight.sustain_s and preflight.window_s must be > 0, preflight.upload_mb >= 0")
     if a.stall_s <= 0 or a.hang_updates <= 0:
         problems.append(f"arms.stall_s={a.stall_s:g} and arms.hang_updates={a.hang_updates:g} must be > 0 (the bounds "
                         f"within which a stopped or hung rank ends the arm)")

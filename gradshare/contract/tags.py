@@ -53,4 +53,5 @@ def screen_tag(name: str) -> str:
 
 EXPERIMENT_KIND = "mlflow.experimentKind"  # MLflow 3's UI: model training, not GenAI
 RUN_NAME = "mlflow.runName"  # MLflow's name of a run: its row in the runs table says what it is
+SOCKETS_BEST = PREFIX + "sockets_best"  # the preflight's fastest socket setting (`hardware.sockets=auto`)
 NOTE = "mlflow.note.content"  # MLflow's description of a run or an experiment (markdown), shown first

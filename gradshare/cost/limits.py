@@ -34,6 +34,7 @@ from pathlib import Path
 from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal
 from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
+from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, cross_zone_bytes, logical_bytes_per_exchange
 from gradshare.model.lm import (  # torch: here only, the launcher loads none
@@ -176,19 +177,24 @@ def expected_arm(study: str, plan, arm: str) -> dict:
     startup = None
     for other in plan.arms.names:
         for run in study_runs.search(study, "train", other, status="FINISHED"):
-            measured = measured_startup_s(run)
-            if measured is None:
+            run_startup = measured_startup_s(run)
+            if run_startup is None:
                 continue
             hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
             if plan.arms.processes(other) == n and hist:
-                return {"update_s": statistics.median(hist), "startup_s": measured,
+                return {"update_s": statistics.median(hist), "startup_s": run_startup,
                         "source": f"measured on arm {other}"}
-            startup = startup or (measured, other)
-    if startup is not None:
-        return {"update_s": plan.arms.expected_update_s, "startup_s": startup[0],
-                "source": f"the plan's arms.expected_update_s; start-up and checkpoint measured on arm {startup[1]}"}
-    return {"update_s": plan.arms.expected_update_s, "startup_s": plan.arms.expected_startup_s,
-            "source": "the plan's arms.expected_update_s and arms.expected_startup_s"}
+            startup = startup or (run_startup, other)
+    start_s, start_source = (startup[0], f"start-up and checkpoint measured on arm {startup[1]}") if startup \
+        else (plan.arms.expected_startup_s, "the plan's arms.expected_startup_s")
+    figures = measured.latest(study) if n > 1 else None
+    if figures is not None:  # the hosts' own link, measured before any arm spent on it
+        c, c_source = measured.compute_s(study, plan)
+        per = measured.arm_seconds(plan, arm, c, figures) / plan.schedule.updates
+        return {"update_s": per, "startup_s": start_s,
+                "source": f"{c_source} x 1/2 + the exchange {measured.provenance(figures)}; {start_source}"}
+    return {"update_s": plan.arms.expected_update_s, "startup_s": start_s,
+            "source": f"the plan's arms.expected_update_s; {start_source}"}
 
 
 def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
@@ -219,6 +225,25 @@ def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = 
     return cross_zone_bytes(sum(per_update), plan.arms.processes(arm))
 
 
+def study_left(study: str, prep, plan, now: float, spent_usd: float, own_run_id: str | None = None) -> None:
+    """Where the study's preflight measured its hosts: the arms not yet finished, together, on
+    those hosts (`measured.go_no_go`); a Refusal naming the measured figure where they cannot
+    all end within the deadline and the budget, so that no arm spends on a study that cannot end."""
+    figures = measured.latest(study)
+    if figures is None:
+        return
+    done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
+    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_arm(study, plan, "single")
+                                ["startup_s"], prepared_shapes(prep, plan), study_start(prep), now, spent_usd, done,
+                                figures.get("per_update"))
+    if verdict["go"] != "go":
+        word = "deadline" if any("deadline" in w for w in verdict["why"]) else "budget"
+        rows = ", ".join(f"{r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in verdict["arms"])
+        raise Refusal(f"{word}: the study's remaining arms ({rows}) on the hosts {verdict['provenance']} (link "
+                      f"{measured.link_gbit(figures):.3g} Gbit/s each way with sockets {figures['best']}): "
+                      f"{'; '.join(verdict['why'])}; not started")
+
+
 def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
                updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
     """Refuse an arm that would pass the deadline or the bound; else the figures for its workers.
@@ -238,6 +263,7 @@ def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, 
     cost = seconds * usd_per_s + cross * cross_rate
     how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
            f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")
+    study_left(study, prep, plan, now, before, own_run_id)
     if now + seconds > deadline:
         raise Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
                         f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "

@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gradshare.contract.plan import load_plan
-from gradshare.cost import gpu_cost
+from gradshare.cost import gpu_cost, measured
 from gradshare.cost import link as ML
 from gradshare.cost.volume import (
     GB,
@@ -298,15 +298,24 @@ def full_profile_workload(log=print) -> tuple[object, dict]:
     return plan, record
 
 
-def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS) -> dict:
+def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS, figures: dict | None = None) -> dict:
     """The projection of a study's hosts: its recorded workload where it is a full-profile study that
-    recorded one, else the full profile's, built here by prepare's code."""
+    recorded one, else the full profile's, built here by prepare's code. `figures`: the study's
+    preflight (`gradshare.cost.measured`), whose link and host link replace the declared ones."""
     record = recorded_workload(prep) if (prep is not None and plan.study.profile == "full") else None
     source = "the study's prepared schedule (inputs/workload.json)"
     if record is None:
         _, record = full_profile_workload(log)
         source = "the full profile's inputs, built here by prepare's code"
-    return compute(full_shape(plan), record, source, hosts=hosts)
+    shaped = full_shape(plan)
+    line = None
+    if figures is not None:
+        shaped, line = measured.plan_with(shaped, figures)
+    out = compute(shaped, record, source, hosts=hosts)
+    if line:  # the declared line names the link and host link no more: they are the measured above
+        declared = f"link {shaped.infra.link_gbit:g} Gbit/s each way (infra.link_gbit)"
+        out["provenance"] = [line] + [x.replace(declared, "link: measured, above") for x in out["provenance"]]
+    return out
 
 
 
@@ -319,3 +328,12 @@ def recorded_workload(prep) -> dict | None:
         return json.loads(study_runs.download(prep.info.run_id, f"inputs/{WORKLOAD}").read_text())
     except (MlflowException, OSError):
         return None
+
+
+def gpu_per_update(plan, prep, figures: dict) -> dict[str, float] | None:
+    """Each arm's seconds per update from the GPU projection with the measured link and host link
+    (a GPU study); None on CPUs, where the projection's GPU figures say nothing."""
+    if plan.hardware.device != "cuda":
+        return None
+    rows = for_plan(plan, prep, log=lambda *a: None, figures=figures)["rows"]
+    return {r["arm"]: r["s_per_update"] for r in rows}

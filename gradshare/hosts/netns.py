@@ -181,8 +181,46 @@ def shape(ns: str, rate_mbit: float) -> None:
           "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "400ms"])
 
 
-def setup(rate_mbit: float, tag: str | None = None) -> TwoHosts:
-    """Make the two hosts; on any failure, undo what was made and raise."""
+FLOW_BUCKETS = 256  # one htb class per value of a TCP source port's low byte
+
+
+def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
+    """Limit what `ns` sends on the link to `rate_mbit` in all and `flow_mbit` per TCP flow, the
+    way a cloud network caps flows between instances outside a placement group (AWS: 5 Gbit/s
+    per flow). The kernels here have `htb` and the `u32` classifier but not `fq`, `sfq` or
+    `flower`: an `htb` root at the total rate, one leaf class per low byte of the TCP source
+    port, each at the flow rate, and a `u32` hash table on that byte that sends each packet to its
+    leaf. A collective's data goes out on connections its sender opened (an ephemeral source port
+    per socket), so each of its sockets is a flow of its own; two flows whose ports share the
+    low byte share a cap (1 in 256)."""
+    tc = ["ip", "netns", "exec", ns, "tc"]
+    _run(tc + ["qdisc", "replace", "dev", IFNAME, "root", "handle", "1:", "htb", "default", "2"])
+    _run(tc + ["class", "add", "dev", IFNAME, "parent", "1:", "classid", "1:1", "htb",
+               "rate", f"{rate_mbit}mbit", "ceil", f"{rate_mbit}mbit"])
+    # everything not TCP (ARP, ICMP) beside the flows, under the same total
+    _run(tc + ["class", "add", "dev", IFNAME, "parent", "1:1", "classid", "1:2", "htb",
+               "rate", f"{min(flow_mbit, rate_mbit)}mbit", "ceil", f"{rate_mbit}mbit"])
+    batch = []
+    for b in range(FLOW_BUCKETS):
+        # a small guaranteed share each (256 of them under the total), up to the flow cap
+        batch.append(f"class add dev {IFNAME} parent 1:1 classid 1:{0x100 + b:x} htb "
+                     f"rate {max(0.01, rate_mbit / FLOW_BUCKETS):.3f}mbit ceil {min(flow_mbit, rate_mbit)}mbit")
+    batch.append(f"filter add dev {IFNAME} parent 1: prio 1 handle 2: protocol ip u32 divisor {FLOW_BUCKETS}")
+    # the TCP header starts at byte 20 of an IP packet without options; its first word holds the
+    # source port in its high half: the low byte of that port picks the bucket
+    batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 1 u32 ht 800:: match ip protocol 6 0xff "
+                 f"hashkey mask 0x00ff0000 at 20 link 2:")
+    for b in range(FLOW_BUCKETS):
+        batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 1 u32 ht 2:{b:x}: match u32 0 0 "
+                     f"flowid 1:{0x100 + b:x}")
+    proc = subprocess.run(tc + ["-batch", "-"], input="\n".join(batch) + "\n", capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tc -batch (per-flow shaping in {ns}) failed: {proc.stderr.strip()[:500]}")
+
+
+def setup(rate_mbit: float, tag: str | None = None, flow_mbit: float = 0.0) -> TwoHosts:
+    """Make the two hosts; on any failure, undo what was made and raise. `flow_mbit` > 0: each
+    TCP flow is capped at it too (`shape_flows`), under the link's `rate_mbit`."""
     if rate_mbit <= 0:
         raise ValueError("rate_mbit must be > 0")
     # the owner's pid in every name: `leftovers(stale=True)` tells an abandoned pair from a live one
@@ -198,7 +236,10 @@ def setup(rate_mbit: float, tag: str | None = None) -> TwoHosts:
             _run(["ip", "-n", name, "addr", "add", f"{addr}/30", "dev", IFNAME])
             _run(["ip", "-n", name, "link", "set", IFNAME, "up"])
             _run(["ip", "-n", name, "link", "set", "lo", "up"])
-            shape(name, rate_mbit)
+            if flow_mbit > 0:
+                shape_flows(name, rate_mbit, flow_mbit)
+            else:
+                shape(name, rate_mbit)
     except BaseException:
         hosts.close()
         raise
@@ -206,9 +247,9 @@ def setup(rate_mbit: float, tag: str | None = None) -> TwoHosts:
 
 
 @contextlib.contextmanager
-def two_hosts(rate_mbit: float, tag: str | None = None):
+def two_hosts(rate_mbit: float, tag: str | None = None, flow_mbit: float = 0.0):
     """Two emulated hosts for the block; torn down on exit, on failure too."""
-    hosts = setup(rate_mbit, tag)
+    hosts = setup(rate_mbit, tag, flow_mbit)
     try:
         yield hosts
     finally:
@@ -236,8 +277,19 @@ def _alive(name: str) -> bool:
     return True
 
 
-def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0) -> float:
-    """Goodput of one TCP stream from host `sender` to the other, Mbit/s (a check of the shaping)."""
+def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, streams: int = 1) -> float:
+    """Goodput of `streams` TCP streams at once from host `sender` to the other, Mbit/s in all
+    (a check of the shaping: with a per-flow cap, one stream gets the flow's rate)."""
+    if streams > 1:
+        rates = []
+        threads = [threading.Thread(target=lambda: rates.append(measure_mbit(hosts, megabytes / streams, sender)))
+                   for _ in range(streams)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        return megabytes * 8 / (time.perf_counter() - t0)
 
     receiver = 1 - sender
     with in_netns(hosts.ns[receiver]):

@@ -127,17 +127,49 @@ def _wait_for_claim(study: str, arm: str, host0: subprocess.Popen, timeout_s: fl
         time.sleep(0.5)
 
 
-def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float) -> bool:
+def run_preflight_across(study: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> int:
+    """`gradshare preflight` with machine rank 0 on host 0 and 1 on host 1 over a fresh link
+    (`flow_mbit` > 0: each TCP flow capped too); host 0's exit code (0 go, 3 no-go)."""
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
+    env = {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env()}
+    uri = urlparse(env["MLFLOW_TRACKING_URI"])
+    with netns.two_hosts(rate_mbit, flow_mbit=flow_mbit) as hosts:
+        if uri.scheme in ("http", "https"):
+            hosts.bridge(uri.port)
+        env.update(hosts.env)
+        procs = []
+        for rank in (0, 1):
+            cmd = [sys.executable, "-m", "entrypoints.preflight", "--study", study, "--num-machines", "2",
+                   "--machine-rank", str(rank), "--main-process-ip", hosts.addr[0], "--main-process-port",
+                   str(RENDEZVOUS_PORT)]
+            p = subprocess.Popen(hosts.exec(rank) + cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+            threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True).start()
+            procs.append(p)
+        try:
+            rc0 = procs[0].wait(timeout=timeout_s)
+            procs[1].wait(timeout=SECONDARY_GRACE_S)
+        except subprocess.TimeoutExpired:
+            rc0 = -1
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return rc0
+
+
+def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> bool:
     """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
     afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
-    MLflow run holds the arm's outcome either way."""
+    MLflow run holds the arm's outcome either way. `flow_mbit` > 0: each TCP flow capped too."""
     # each machine rank's `mlflow run` makes its own run: nothing of a launcher's run may leak in
     inherited = {k: v for k, v in os.environ.items()
                  if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
     env = {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env(), LINK_ENV: describe_emulated(rate_mbit),
            RATE_ENV: f"{rate_mbit:g}"}
     uri = urlparse(env["MLFLOW_TRACKING_URI"])
-    with netns.two_hosts(rate_mbit) as hosts:
+    with netns.two_hosts(rate_mbit, flow_mbit=flow_mbit) as hosts:
         if uri.scheme in ("http", "https"):
             hosts.bridge(uri.port)
         env.update(hosts.env)

@@ -43,7 +43,8 @@ from gradshare.contract.tags import (
     RESUMED_FULL_STATE_BYTES,
     STUDY,
 )
-from gradshare.cost import limits
+from gradshare.cost import limits, measured
+from gradshare.hosts import sockets
 from gradshare.tracking import claims, connection, outbox, store, study_runs
 from gradshare.tracking.outbox import Outbox
 from gradshare.train import env as env_names
@@ -165,7 +166,24 @@ def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
     psutil.wait_procs(alive, timeout=grace_s)
 
 
-def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch) -> None:
+def arm_sockets(study: str, plan: Plan, arm: str, launch: Launch) -> tuple[str, dict[str, str], str]:
+    """(the socket setting, its environment for the workers, where it comes from) of a
+    multi-process arm: the plan's `hardware.sockets`, or with `auto` the study's preflight's
+    fastest, else nothing set (`gradshare.hosts.sockets`)."""
+    if plan.arms.processes(arm) == 1:
+        return "-", {}, "one process: no sockets"
+    setting, source = plan.hardware.sockets, "the plan's hardware.sockets"
+    if setting == "auto":
+        figures = measured.latest(study)
+        if figures is None:  # nothing measured: NCCL's own choice (it tunes some clouds' NICs itself)
+            return "default", {}, "no preflight ran: the libraries' defaults"
+        setting, source = figures["best"], f"the fastest of the preflight run {figures['run_id']}"
+    ifname = sockets.interface(plan, launch.main_process_ip)
+    return setting, sockets.env_for(setting, sockets.backend(plan), ifname), source
+
+
+def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch,
+                    extra_env: dict[str, str] | None = None) -> None:
     cmd = launch_command(plan, arm, workdir, run_id, launch)
     limit = plan.arms.timeout_s(plan.schedule.updates)
     print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
@@ -175,7 +193,8 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     # process if it dies, and must never write into a closed pipe.
     log_path = workdir / workdir_files.WORKERS_LOG
     env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
-               **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"})
+               **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"},
+               **(extra_env or {}))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stderr=log)
     follow = _Follower(log_path)
@@ -449,13 +468,16 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
         arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
                                        updates_left=plan.schedule.updates - done,
                                        extra_spent=resume.spent_usd if resume else 0.0)
+        setting, socket_env, source = arm_sockets(study, plan, arm, launch)
         _start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
+        if resume is None:
+            mlflow.log_params({"sockets": setting, "sockets_source": source[:250]})
         arm_limits.write(workdir)
         (workdir / workdir_files.FULL_STATE_POLICY).write_text(json.dumps({"every": full_state_every}))
         if resume is not None:
             shutil.copytree(resume.state_dir, workdir / "resume")
         try:
-            _launch_workers(plan, arm, workdir, run.info.run_id, launch)
+            _launch_workers(plan, arm, workdir, run.info.run_id, launch, socket_env)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
             raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
                                     f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
@@ -543,6 +565,7 @@ def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
     check_devices(plan, arm, launch)
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-host{launch.machine_rank}-"))
     try:
-        _launch_workers(plan, arm, _verified_workdir(prep, plan, tmp), "", launch)
+        _launch_workers(plan, arm, _verified_workdir(prep, plan, tmp), "", launch,
+                        arm_sockets(study, plan, arm, launch)[1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

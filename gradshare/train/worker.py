@@ -27,6 +27,7 @@ import torch
 from gradshare.contract import metrics as M
 from gradshare.cost.limits import Limits
 from gradshare.data.tokenizer import load_tokenizer
+from gradshare.hosts import sockets
 from gradshare.hosts.metering import (
     gather,
     host_counters,
@@ -194,7 +195,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
                       "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
             (workdir / workdir_files.SUMMARY).write_text(json.dumps(result, indent=1))
     if rank == 0 and box is not None:
-        box.params({"torch_threads_per_rank": ",".join(map(str, threads))})
+        box.params({"torch_threads_per_rank": ",".join(map(str, threads)), "socket_env": sockets.seen()})
         record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
     try:
         wait_for_everyone()

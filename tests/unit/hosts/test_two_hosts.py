@@ -130,3 +130,14 @@ def test_a_tracking_server_off_this_machine_keeps_the_arms_on_loopback(monkeypat
     monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "sqlite:///mlflow.db")
     assert emulated.choose_link("auto", PLAN).emulated
     assert emulated.choose_link("auto", PLAN).note.startswith("emulated: two hosts (network namespaces) joined by a 22")
+
+
+@needs_hosts
+def test_a_link_that_caps_each_flow_gives_one_stream_a_flows_rate_and_several_the_total():
+    """The per-flow cap the preflight must find (AWS's 5 Gbit/s a flow between instances outside a
+    placement group), emulated with htb classes per source port's low byte under an htb total."""
+    with netns.two_hosts(40, flow_mbit=10) as h:
+        one = netns.measure_mbit(h, 3.0, streams=1)
+        four = netns.measure_mbit(h, 6.0, streams=4)
+    assert 0.8 * 10 <= one <= 1.05 * 10
+    assert 2.5 * one <= four <= 1.05 * 40

@@ -1,0 +1,240 @@
+"""The preflight's measurements on each host, made the way the arms run: one process per GPU (or
+CPU rank) under `accelerate launch`, the arms' backend (NCCL on GPUs, gloo on CPUs) and their
+launch parameters. Started by `gradshare.steps.preflight`, once per socket setting:
+
+    accelerate launch --multi_gpu --num_machines 2 --machine_rank R --main_process_ip A \\
+        --main_process_port P --num_processes 2 -m gradshare.hosts.probe --workdir W
+
+`W/probe.json` says what to measure (`Probe`); every rank writes `W/probe.rank<N>.json`, rank 0
+with the link's figures. What is measured:
+
+- **the link**: the arms' own buffers all-reduced back to back for `sustain_s` (dense's buckets,
+  then PowerSGD's P and Q), each round timed; the first and the last `window_s` apart, so that a
+  burst allowance that runs out shows (AWS's "up to" bandwidth); and its capacity with the
+  setting's flows: dense's bytes in as many equal all-reduces at once;
+- **the host link** (GPUs only): pinned copies of the FP32 error's bucket sizes, host to device,
+  device to host and both at once (two streams);
+- **this host**: memory that can be pinned for the error (the host's available memory), the GPU's
+  free memory against `hardware.max_device_gib`, the outbox's free disk;
+- **the clock offset** of each rank against rank 0 (a round trip over the process group: the
+  offset is the peer's clock minus the midpoint of the trip, good to half the round trip).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+PROBE = "probe.json"
+
+
+@dataclass(frozen=True)
+class Probe:
+    dense_buckets: list[int]
+    """Bytes of each of dense's all-reduces per update (DDP's buckets of the FP32 gradient)."""
+    powersgd_buffers: list[int] = field(default_factory=list)
+    """Bytes of PowerSGD's per-bucket all-reduces of a compressed update (P, then Q)."""
+    sustain_s: float = 60.0
+    window_s: float = 10.0
+    device: str = "cpu"
+    max_device_gib: float = 0.0
+    error_buckets: list[int] = field(default_factory=list)
+    """Bytes of the FP32 error's per-bucket copies (GPU runs)."""
+    outbox: str = ""
+    label: str = ""
+    """The socket setting this launch runs with, as the step names it."""
+    flows: int = 1
+    """Sockets (flows) the setting opens to a peer: the link's capacity is measured with dense's
+    bytes in this many equal all-reduces at once, one a flow."""
+
+
+def result_path(workdir: Path, rank: int) -> Path:
+    return Path(workdir) / f"probe.rank{rank}.json"
+
+
+def _rounds(buffers, device, stop) -> list[tuple[float, float, int]]:
+    """(start, seconds, bytes) of each round: every buffer all-reduced, issued at once as DDP
+    issues its buckets, then waited for; until `stop()` (the same answer on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.ones(max(1, n // 4), dtype=torch.float32, device=device) for n in buffers]
+    total = sum(t.numel() * 4 for t in tensors)
+    out = []
+    while True:
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(t, async_op=True) for t in tensors]
+        for w in works:
+            w.wait()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        out.append((t0, time.perf_counter() - t0, total))
+        if stop():
+            return out
+
+
+def _stop_after(seconds: float, device: str):
+    """A `stop` for `_rounds`: true on every rank once any rank has run `seconds` (a one-element
+    all-reduce after each round; clocks and rounds differ slightly between ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    until = time.perf_counter() + seconds
+
+    def stop() -> bool:
+        flag = torch.tensor([1.0 if time.perf_counter() >= until else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return stop
+
+
+def link(p: Probe, device: str) -> dict:
+    """The dense buckets' and PowerSGD's all-reduce rates (logical bytes per second), whole and
+    in the first and last `window_s`."""
+    _rounds(p.dense_buckets, device, lambda: True)  # warm-up: connections, buffers
+    out = {"dense": _rates(_rounds(p.dense_buckets, device, _stop_after(p.sustain_s, device)), p.window_s)}
+    total = sum(p.dense_buckets)
+    pieces = [total // p.flows] * p.flows
+    out["capacity"] = _rates(_rounds(pieces, device, _stop_after(min(p.window_s, p.sustain_s), device)),
+                             p.window_s)
+    if p.powersgd_buffers:
+        out["powersgd"] = _rates(_rounds(p.powersgd_buffers, device,
+                                         _stop_after(min(p.window_s, p.sustain_s), device)), p.window_s)
+    return out
+
+
+def _rates(rounds, window_s: float) -> dict:
+    seconds = sum(s for _, s, _ in rounds)
+    moved = sum(b for _, _, b in rounds)
+    t0, t1 = rounds[0][0], rounds[-1][0] + rounds[-1][1]
+    first = [r for r in rounds if r[0] < t0 + window_s] or rounds[:1]
+    last = [r for r in rounds if r[0] + r[1] > t1 - window_s] or rounds[-1:]
+
+    def rate(rs):
+        return sum(b for _, _, b in rs) / sum(s for _, s, _ in rs)
+
+    return {"rounds": len(rounds), "seconds": seconds, "bytes_per_round": rounds[0][2],
+            "round_s_median": statistics.median(s for _, s, _ in rounds),
+            "logical_Bps": moved / seconds, "first_window_Bps": rate(first), "last_window_Bps": rate(last)}
+
+
+def torch_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def clock_offset_s(rank: int, world: int) -> list[float]:
+    """Each rank's clock minus rank 0's, seconds (rank 0's list; others get an empty one)."""
+    import torch
+    import torch.distributed as dist
+
+    offsets = [0.0] * world
+    for peer in range(1, world):
+        t = torch.zeros(1, dtype=torch.float64)
+        if rank == 0:
+            sent = time.time()
+            dist.send(torch.tensor([sent], dtype=torch.float64), peer)
+            dist.recv(t, peer)
+            back = time.time()
+            offsets[peer] = float(t) - (sent + back) / 2
+        elif rank == peer:
+            dist.recv(t, 0)
+            dist.send(torch.tensor([time.time()], dtype=torch.float64), 0)
+    return offsets if rank == 0 else []
+
+
+def host_link(p: Probe) -> dict:
+    """Pinned host <-> device copies of the error's bucket sizes, GB/s; empty on a CPU."""
+    if p.device == "cpu" or not p.error_buckets:
+        return {}
+    import torch
+
+    dev = torch.device("cuda", torch_local_rank())
+    size = max(p.error_buckets)
+    n = size // 4
+    host = [torch.empty(n, pin_memory=True).fill_(1.0) for _ in range(2)]
+    gpu = [torch.empty(n, device=dev).fill_(2.0) for _ in range(2)]
+    streams = [torch.cuda.Stream(dev) for _ in range(2)]
+    total = sum(p.error_buckets)
+
+    def timed(copy) -> float:
+        copy()
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(max(1, total // size)):
+            copy()
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    def both():
+        with torch.cuda.stream(streams[0]):
+            gpu[0].copy_(host[0], non_blocking=True)
+        with torch.cuda.stream(streams[1]):
+            host[1].copy_(gpu[1], non_blocking=True)
+
+    reps = max(1, total // size)
+    return {"h2d_GBps": reps * size / timed(lambda: gpu[0].copy_(host[0], non_blocking=True)) / 1e9,
+            "d2h_GBps": reps * size / timed(lambda: host[1].copy_(gpu[1], non_blocking=True)) / 1e9,
+            "both_GBps": 2 * reps * size / timed(both) / 1e9, "bucket_bytes": size}
+
+
+def resources(p: Probe) -> dict:
+    """What this host can give the arm: memory for the pinned error, GPU memory under the cap,
+    disk for the checkpoint and the outbox."""
+    out = {"host": socket.gethostname(), "host_available_bytes": psutil.virtual_memory().available}
+    folder = Path(p.outbox or ".")
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    out["outbox_free_bytes"] = shutil.disk_usage(folder).free
+    if p.device != "cpu":
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch_local_rank())
+        out |= {"gpu_free_bytes": free, "gpu_total_bytes": total,
+                "gpu_cap_bytes": int(min(p.max_device_gib * 2**30, total)) if p.max_device_gib else total}
+    return out
+
+
+def run(workdir: Path) -> None:
+    import torch.distributed as dist
+
+    p = Probe(**json.loads((workdir / PROBE).read_text()))
+    backend = "gloo" if p.device == "cpu" else "nccl"
+    if p.device != "cpu":
+        import torch
+
+        torch.cuda.set_device(torch_local_rank())
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        mine = {"rank": rank, "label": p.label, "resources": resources(p), "host_link": host_link(p)}
+        offsets = clock_offset_s(rank, world)
+        figures = link(p, "cpu" if p.device == "cpu" else f"cuda:{torch_local_rank()}")
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        out = mine | ({"link": figures, "clock_offset_s": offsets, "ranks": everyone, "world": world,
+                       "backend": backend} if rank == 0 else {})
+        result_path(workdir, rank).write_text(json.dumps(out, indent=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def write_probe(workdir: Path, p: Probe) -> None:
+    (Path(workdir) / PROBE).write_text(json.dumps(asdict(p)))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    run(Path(ap.parse_args(argv).workdir))
+
+
+if __name__ == "__main__":
+    main()

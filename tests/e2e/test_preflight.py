@@ -1,0 +1,100 @@
+"""`gradshare preflight` on two emulated hosts (network namespaces) whose link caps each TCP flow
+and the whole together, as a cloud network does between instances in two zones:
+
+- the preflight reports both caps: one socket's flow below the several sockets' total;
+- the arms use the fastest setting it measured (`hardware.sockets=auto`), recorded on their runs,
+  and the dense arm across the same link runs within 15% of what the preflight's figures project;
+- its go/no-go, both ways: a budget that the measured link cannot meet refuses the first arm
+  before it starts, naming the measured figure; a feasible one proceeds;
+- the socket settings reach the workers' environment (read by the worker, recorded on its run).
+
+Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`).
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from gradshare.contract import metrics as M
+from gradshare.contract.plan import load_plan
+from gradshare.contract.tags import FAILURE, REFUSAL, SOCKETS_BEST
+from gradshare.cost import measured
+from gradshare.cost.accounting import host_price
+from gradshare.hosts import netns
+from gradshare.steps.emulated import run_arm_across, run_preflight_across
+from gradshare.tracking import connection, study_runs
+from tests.conftest import SMALL, overrides, run_entry
+
+pytestmark = pytest.mark.e2e
+
+REASON = netns.unavailable()
+needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
+
+TOTAL_MBIT, FLOW_MBIT = 40.0, 10.0
+# 1 MB buckets: dense's exchange is several all-reduces in flight, which several sockets can carry
+PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "4", "preflight.window_s": "1.5",
+             "preflight.upload_mb": "4", "powersgd.bucket_cap_mb": "1", "model.pretrain_steps": "1"}
+
+
+def _median_steps(run) -> float:
+    return statistics.median(m.value for m in connection.client().get_metric_history(run.info.run_id, M.STEP_S))
+
+
+@needs_hosts
+def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_15_percent(mlflow_server):
+    study = "preflight-caps"
+    run_entry("prepare", "--study", study, *overrides(PREFLIGHT))
+    assert run_preflight_across(study, TOTAL_MBIT, timeout_s=600, flow_mbit=FLOW_MBIT) == 0
+    figures = measured.latest(study)
+    one, four = figures["settings"]["1x1"], figures["settings"]["4x1"]
+    assert one["capacity_Bps"] * 8 / 1e6 <= FLOW_MBIT * 1.05  # one socket: one flow's cap
+    assert four["capacity_Bps"] > 1.5 * one["capacity_Bps"]  # several sockets: toward the total
+    assert four["capacity_Bps"] * 8 / 1e6 <= TOTAL_MBIT * 1.05
+    assert figures["best"] == "4x1"
+    [pre] = study_runs.search(study, "preflight")
+    assert pre.info.status == "FINISHED" and pre.data.tags[SOCKETS_BEST] == "4x1"
+    assert "preflight/sockets_1x1/capacity_MBps" in pre.data.metrics
+    assert pre.data.tags["mlflow.note.content"].startswith("### Preflight: GO")
+
+    run_entry("train", "--study", study, "--arm", "single")  # one host: one device's update, measured
+    assert run_arm_across(study, "dense", TOTAL_MBIT, timeout_s=900, flow_mbit=FLOW_MBIT)
+    [dense] = study_runs.search(study, "train", "dense")
+    assert dense.data.params["sockets"] == "4x1" and "preflight run" in dense.data.params["sockets_source"]
+    assert dense.data.params["socket_env"] == "GLOO_SOCKET_IFNAME=gslink,gslink,gslink,gslink"
+    plan = load_plan("tiny", {**SMALL, **PREFLIGHT})
+    compute, _ = measured.compute_s(study, plan)
+    projected = measured.update_s(plan, "dense", 1, compute, figures)
+    got = _median_steps(dense)
+    assert abs(got - projected) / got <= 0.15, (got, projected)
+
+
+def _declared_single_usd(plan) -> float:
+    """What the budget check projects for `single` with no preflight: start-up and updates at the
+    plan's declared seconds, one host."""
+    a = plan.arms
+    return (a.expected_startup_s + plan.schedule.updates * a.expected_update_s) * host_price(plan) / 3600
+
+
+@needs_hosts
+@pytest.mark.parametrize("refused", [True, False])
+def test_a_budget_the_measured_link_cannot_meet_refuses_the_first_arm_and_a_feasible_one_proceeds(
+        mlflow_server, refused):
+    """The bound between: `single` alone fits it at the plan's declared seconds, but the remaining
+    arms on the measured link (dense's exchange at 8 Mbit/s, seconds an update) do not."""
+    study = f"preflight-go-{'no' if refused else 'yes'}"
+    extra = PREFLIGHT | {"preflight.sockets": "1x1", "preflight.sustain_s": "1", "preflight.window_s": "1"}
+    plan = load_plan("tiny", {**SMALL, **extra})
+    budget = 3 * _declared_single_usd(plan) if refused else 1000 * _declared_single_usd(plan)
+    run_entry("prepare", "--study", study, *overrides(extra | {"infra.budget_usd": f"{budget:.8f}"}))
+    rc = run_preflight_across(study, 8.0, timeout_s=600, flow_mbit=8.0)
+    assert rc == (3 if refused else 0)
+    proc = run_entry("train", "--study", study, "--arm", "single", check=False)
+    [run] = study_runs.search(study, "train", "single")
+    if refused:
+        assert run.info.status == "KILLED" and run.data.tags[REFUSAL] == "true"
+        reason = run.data.tags[FAILURE]
+        assert reason.startswith("budget: the study's remaining arms") and "preflight run" in reason, reason
+        assert "Gbit/s each way with sockets 1x1" in reason and "past the $" in reason
+    else:
+        assert proc.returncode == 0 and run.info.status == "FINISHED", proc.stderr[-2000:]
