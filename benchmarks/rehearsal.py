@@ -222,7 +222,7 @@ def markdown(data: dict) -> str:
     length = (f"cut to {data['updates']} updates" if data.get("updates") else "the plan's length and data")
     md = [f"### {e['date']} · {e['device']} · torch {e['torch']} · transformers {e.get('transformers', '?')} · "
           f"commit {e['commit']} · {length}", "",
-          (f"`benchmarks/rehearsal.py --smoke`: the smoke profile on a CPU (the script's path, not a figure). "
+          ("`benchmarks/rehearsal.py --smoke`: the smoke profile on a CPU (the script's path, not a figure). "
            if data.get("smoke") else
            f"`benchmarks/rehearsal.py`: the whole study rehearsed on one GPU (full profile, random "
            f"1.7B, overrides {', '.join(f'`{k}={v}`' for k, v in data['overrides'].items())}; "

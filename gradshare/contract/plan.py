@@ -101,8 +101,9 @@ class ArmsPlan:
     (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
 
     def hang_s(self) -> float:
-        """Seconds without a completed update on any rank before the arm counts as hung."""
-        return self.hang_updates * self.expected_update_s
+        """Seconds without a completed update on any rank before the arm counts as hung: never
+        shorter than `stall_s` (a plan that declares a fast update is not a hang at every pause)."""
+        return max(self.hang_updates * self.expected_update_s, self.stall_s)
 
     def timeout_s(self, updates: int) -> float:
         """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""

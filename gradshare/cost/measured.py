@@ -24,7 +24,8 @@ import statistics
 
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, WIRE_OVERHEAD, cross_zone_bytes, logical_bytes_per_exchange, ring_factor
-from gradshare.tracking import study_runs
+from gradshare.contract import metrics as M
+from gradshare.tracking import connection, study_runs
 
 TWO_HOST_SHARE = 0.5
 ARTIFACT = "preflight.json"
@@ -115,9 +116,6 @@ def plan_with(plan, figures: dict) -> tuple[object, str]:
 
 def compute_s(study: str, plan) -> tuple[float, str]:
     """One device's whole update: the single arm's measured median, or the plan's figure."""
-    from gradshare.contract import metrics as M
-    from gradshare.tracking import connection
-
     for run in study_runs.search(study, "train", "single", status="FINISHED"):
         hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
         if hist:

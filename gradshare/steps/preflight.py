@@ -32,7 +32,7 @@ from gradshare.cost import limits, measured, projection
 from gradshare.cost.volume import should_compress
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
-from gradshare.tracking import store, study_runs
+from gradshare.tracking import outbox, store, study_runs
 from gradshare.train.driver import Launch, check_launch, free_port
 
 ARTIFACT = "preflight.json"
@@ -103,7 +103,7 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
             probe_mod.write_probe(work, probe_mod.Probe(
                 dense_buckets=dense, powersgd_buffers=psgd, sustain_s=plan.preflight.sustain_s,
                 window_s=plan.preflight.window_s, device=plan.hardware.device,
-                max_device_gib=plan.hardware.max_device_gib, error_buckets=dense, outbox=str(_outbox()),
+                max_device_gib=plan.hardware.max_device_gib, error_buckets=dense, outbox=str(outbox.root()),
                 label=setting, flows=t * s))
             env = dict(os.environ, PYTHONUNBUFFERED="1", **sockets.env_for(setting, kind, ifname))
             log(f"[gradshare] preflight: sockets {setting} ({kind}{', ' + ifname if ifname else ''}): "
@@ -123,12 +123,6 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return out
-
-
-def _outbox() -> Path:
-    from gradshare.tracking import outbox
-
-    return outbox.root()
 
 
 def upload_rate(megabytes: int, checkpoint_bytes: int, log=print) -> dict:
@@ -157,13 +151,14 @@ def stop_permission(plan: Plan) -> str:
     i = plan.infra
     if not i.instance_ids:
         return "not asked: the plan names no instances (infra.instance_ids)"
-    import boto3
-    from botocore.exceptions import ClientError
+    import boto3  # the AWS SDK, only where the plan names instances
 
     try:
         boto3.client("ec2", region_name=i.aws_region).stop_instances(InstanceIds=list(i.instance_ids), DryRun=True)
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+    except Exception as exc:  # noqa: BLE001 - botocore's ClientError: its code says allowed or refused
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        if not code:
+            raise
         if code == "DryRunOperation":
             return "allowed"
         return f"refused: {code} ({' '.join(str(exc).split())[:200]})"

@@ -193,10 +193,10 @@ class Outbox:
         refused: sending them again would only be refused again)."""
         self._hold = True
 
-    def journaled_end(self) -> bool:
-        """Whether the run's end is in the journal (delivered or waiting)."""
+    def journaled_tag(self, key: str, value: str) -> bool:
+        """Whether the journal holds the tag `key` = `value` (delivered or waiting)."""
         self._reload()
-        return any(r["kind"] == "end" for r in self._records)
+        return any(r["kind"] == "tags" and r["values"].get(key) == value for r in self._records)
 
     def waiting(self) -> list[dict]:
         """The records that wait for the store, in order (journaled by any process)."""

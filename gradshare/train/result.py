@@ -47,9 +47,11 @@ def record(box: Outbox, summary: dict, ckpt: Path, log) -> None:
     The whole result is journaled first, in one go that SIGTERM and SIGINT wait for, and only
     then sent: a process that dies after that (the launcher's agent stopping rank 0 because a
     peer died after the checkpoint, a kill) leaves the result whole in the journal, and the train
-    step delivers it (`complete`). Called again on a journal that holds the end, it only delivers."""
+    step delivers it (`complete`). Called again on a journal that holds this result, it only delivers."""
     box.close()  # the updates' records first, in order; nothing is sent behind them meanwhile
-    if not box.journaled_end():
+    # this result, journaled by an earlier call (a run resumed from a full state keeps its first
+    # attempt's journal and its end: the checkpoint's hash says whether this one is in it)
+    if not box.journaled_tag(CKPT_SHA, summary["checkpoint_sha256"]):
         with signals_deferred():
             box.hold()  # journal only, until the result is whole
             # this process now stands behind the run: a sweep must not take it for an orphan if
@@ -112,3 +114,14 @@ def signals_deferred():
             signal.signal(sig, handler)
         for sig in dict.fromkeys(came):
             os.kill(os.getpid(), sig)  # as it would have been, now
+
+
+def _show_refused(run_id: str, reason: str) -> None:
+    """The run, on the server that still answers, FAILED with the reason until the upload
+    (whose journaled end makes it FINISHED and drops the reason)."""
+    try:
+        c = connection.client()
+        c.set_tag(run_id, FAILURE, reason)
+        c.set_terminated(run_id, "FAILED")
+    except Exception:  # noqa: BLE001 - the journal holds the arm's end either way
+        pass
