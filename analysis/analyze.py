@@ -18,10 +18,6 @@ from analysis.verdicts import compute, verdict_metrics
 from gradshare.contract.metrics import paired_metrics
 from gradshare.contract.tags import NOTE, PLAN_SHA, screen_tag
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def analyze(study: str, out: Path | None = None) -> tuple[dict, Path]:
     rec = collect(study)

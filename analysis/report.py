@@ -18,10 +18,6 @@ from analysis.preconditions import screen_word
 from gradshare.contract import metrics as M
 from gradshare.cost import projection as P
 
-# Lazy imports: markdown, matplotlib inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def _fmt(x, spec=".3f", none="—"):
     return none if x is None else format(x, spec)

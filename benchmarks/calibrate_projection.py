@@ -96,7 +96,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     from gradshare.cost.gpu_cost import Calibration, GpuRates
-    from gradshare.model.lm import parameter_shapes
+    from gradshare.model.source import parameter_shapes
     from gradshare.contract.plan import load_plan
 
     path = Path(args.result)

@@ -32,7 +32,8 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     import torch
 
     from benchmarks import workloads as W
-    from gradshare.model.lm import build_model, model_config
+    from gradshare.model.lm import build_model
+    from gradshare.model.source import model_config
     from gradshare.util.sources import set_determinism
     from gradshare.train import fullstate
     from gradshare.train.loop import FullStatePolicy, train

@@ -75,7 +75,8 @@ def _plan(extra: dict, smoke: bool):
 
 
 def _model(plan, tokenizer, device):
-    from gradshare.model.lm import build_model, model_config
+    from gradshare.model.lm import build_model
+    from gradshare.model.source import model_config
 
     vocab = len(tokenizer) if plan.model.config == "tiny_qwen3.json" else None
     return build_model(model_config(plan.model.config, vocab), plan.study.seed, device)

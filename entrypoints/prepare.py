@@ -6,7 +6,7 @@
 Any plan field can be overridden as `-P concern.field=value` (see gradshare/contract/plan.py).
 A second prepare of the same study refuses; `-P new_study=true` archives the old
 study's experiment (renamed, nothing deleted) and starts a new one. A `model.source` no
-step could load (`gradshare.model.lm.check_model_source`) is refused before any run.
+step could load (`gradshare.model.source.check_model_source`) is refused before any run.
 """
 from __future__ import annotations
 
@@ -20,13 +20,9 @@ from gradshare.contract.tags import DEVICE_NOTE, PLAN_SHA, PRICE_WARNING
 from gradshare.cost.limits import START_PARAM
 from gradshare.cost.prices import refreshed_price
 from gradshare.inputs.build import build_inputs
-from gradshare.model.lm import check_model_source
+from gradshare.model.source import check_model_source
 from gradshare.steps import prepare as P
 from gradshare.tracking import study_runs
-
-# Lazy imports: mlflow, torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def main(argv=None) -> None:

@@ -9,7 +9,7 @@ MLflow UI on the study. `--hosts` (`-P hosts=`): `auto` (default) runs the two-p
 arms across two emulated hosts joined by the plan's shaped link where this machine
 allows it (root, `ip`, `tc`) and over loopback otherwise, saying so; `emulated` refuses
 instead of falling back; `loopback` never emulates. An impossible plan or a model no step
-could load (`gradshare.model.lm.check_model_source`) is refused before anything is stored.
+could load (`gradshare.model.source.check_model_source`) is refused before anything is stored.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 from entrypoints.common import parse, study_parser, truthy
 from gradshare.contract.plan import PlanError, load_plan
 from gradshare.contract.tags import FAILURE, PLAN_SHA, STEP, STUDY
-from gradshare.model.lm import check_model_source
+from gradshare.model.source import check_model_source
 from gradshare.steps.study import run_study, ui_hint
 from gradshare.tracking import connection, study_runs
 from gradshare.tracking.orphans import process_tags

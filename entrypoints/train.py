@@ -36,10 +36,6 @@ from gradshare.tracking.orphans import process_tags
 from gradshare.train.driver import Launch, check_resume, run_arm, run_secondary_host
 from gradshare.train.launch import launch_problem
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)

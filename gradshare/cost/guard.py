@@ -23,10 +23,6 @@ from gradshare.contract.tags import GUARD
 from gradshare.cost import limits
 from gradshare.tracking import store, study_runs
 
-# Lazy imports: boto3, mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def stop_instances(region: str, instance_ids: list[str]) -> list[dict]:
     import boto3

@@ -37,15 +37,9 @@ from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
 from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, cross_zone_bytes, logical_bytes_per_exchange
-from gradshare.model.lm import (  # torch: here only, the launcher loads none
-    MODEL_SHAPES,
-    parameter_shapes,  # torch and transformers: only where no shapes are given
-)
+from gradshare.model.source import MODEL_SHAPES, parameter_shapes
 from gradshare.tracking import connection, study_runs
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 START_PARAM = "study_start_epoch_s"
 FILE = "limits.json"
@@ -125,7 +119,6 @@ def study_start(prep) -> float:
 
 def crosses_zones(plan, arm: str) -> bool:
     return plan.arms.processes(arm) > 1 and len(set(plan.infra.zones[:plan.arms.processes(arm)])) > 1
-
 
 
 def run_spend(plan, run) -> float:

@@ -14,9 +14,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-# Lazy imports: boto3 inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 PRICING_REGION = "us-east-1"
 

@@ -47,12 +47,9 @@ from gradshare.cost.volume import (
 from gradshare.inputs import workload
 from gradshare.inputs.build import build_inputs
 from gradshare.inputs.workload import WORKLOAD, scaled
-from gradshare.model.lm import parameter_shapes
+from gradshare.model.source import parameter_shapes
 from gradshare.tracking import study_runs
 
-# Lazy imports: matplotlib, mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 DEFAULT_HOSTS = ML.DEFAULT_HOSTS
 PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
@@ -316,7 +313,6 @@ def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS, figures: dict | No
         declared = f"link {shaped.infra.link_gbit:g} Gbit/s each way (infra.link_gbit)"
         out["provenance"] = [line] + [x.replace(declared, "link: measured, above") for x in out["provenance"]]
     return out
-
 
 
 def recorded_workload(prep) -> dict | None:

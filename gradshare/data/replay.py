@@ -50,9 +50,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Lazy imports: chitchat_dataset, datasets, pyarrow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 USER = "<|user|>"
 ASSISTANT = "<|assistant|>"

@@ -12,9 +12,6 @@ from pathlib import Path
 
 from gradshare.data.replay import ASSISTANT, END, USER
 
-# Lazy imports: tokenizers, transformers inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [PAD, USER, ASSISTANT, END]

@@ -26,9 +26,6 @@ import time
 
 import psutil
 
-# Lazy imports: torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 PHASES = ("startup", "steps", "checkpoint", "total")
 KEYS = ("wire_rx", "wire_tx", "lo_rx", "lo_tx")

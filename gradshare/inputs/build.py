@@ -32,21 +32,11 @@ from gradshare.data.tasks import generate_splits
 from gradshare.data.tokenizer import load_tokenizer, train_bpe
 from gradshare.inputs.workload import WORKLOAD
 from gradshare.inputs.workload import describe as describe_workload
-from gradshare.model.lm import (
-    build_model,
-    mean_nll,
-    model_config,
-    pretrain_seed,
-    save_model,
-)
+from gradshare.model.source import model_config
 from gradshare.util.hashing import file_entries, tree_sha256
 from gradshare.util.hashing import file_entries as entries
 from gradshare.util.jsonio import write_json, write_jsonl
 from gradshare.util.sources import numerical_sources, set_determinism
-
-# Lazy imports: torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
@@ -125,6 +115,10 @@ def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
 
 def _seed_model(plan: Plan, tokenizer, pretrain_docs, probes, out: Path, log) -> dict:
     """Tiny: build and pre-train the seed model. Full: record the local model's files."""
+    # Deferred (allow-listed in tests/unit/test_layers.py): the model's code loads torch and
+    # transformers, which only the tiny seed needs; the projection and prepare's parser import
+    # this module and build no model.
+    from gradshare.model.lm import build_model, mean_nll, pretrain_seed, save_model
 
     m, seed, max_tok = plan.model, plan.study.seed, plan.data.max_doc_tokens
     if m.source == "tiny":

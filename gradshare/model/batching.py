@@ -21,10 +21,12 @@ micro-batch's longest padded ~45% (measured on the full profile's schedule).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from gradshare.model.lm import PAD_SEGMENT
+PAD_SEGMENT = -1  # the segment id of padding in packed rows
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ def collate(mb: MicroBatch, encoded: dict[str, tuple[list[int], list[bool]]], pa
     `ids` token ids (pad_id where empty), `tgt` target mask, `seg` the document number within
     its row (PAD_SEGMENT where empty), `pos` each token's position within its own document.
     By count, each row is one document and `seg` is 0 on its tokens: the plain causal mask."""
+    import torch  # deferred: the layout alone (`for_plan`) is the projection's and prepare's, torch-free
+
     n, width = mb.shape
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     tgt = torch.zeros((n, width), dtype=torch.bool)

@@ -7,47 +7,18 @@ Face model directory, or a randomly initialised Qwen3-1.7B shape for throughput 
 """
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from pathlib import Path
 
 import torch
 
-from gradshare.contract.plan import PlanError
 from gradshare.data.documents import encode
+from gradshare.model.batching import PAD_SEGMENT
+from gradshare.model.source import model_config
 
-# Lazy imports: torch, transformers inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-def model_config(name: str, vocab_size: int | None = None):
-    from transformers import Qwen3Config
-
-    path = CONFIG_DIR / name
-    if not path.exists():
-        raise FileNotFoundError(f"model config {name!r} not in {CONFIG_DIR}")
-    cfg = json.loads(path.read_text())
-    if vocab_size is not None and "vocab_size" not in cfg:
-        cfg["vocab_size"] = vocab_size
-    return Qwen3Config(**cfg)
-
-
-MODEL_SHAPES = "model_shapes.json"  # prepare's record of parameter_shapes(plan), an artifact of its run
-
-
-def parameter_shapes(plan) -> list[tuple[int, ...]]:
-    """The plan's model's trainable parameter shapes, from its config on the meta device
-    (no weights are made)."""
-    from transformers import Qwen3ForCausalLM
-
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(model_config(plan.model.config, plan.model.vocab_size))
-    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
-
+# transformers: inside the functions that build or load a model (seconds; `gradshare.model.source`
+# holds what the light processes need of the model without torch).
 
 def build_model(config, seed: int, device: str | torch.device = "cpu"):
     from transformers import Qwen3ForCausalLM
@@ -75,71 +46,6 @@ def load_model(path: str | Path, dtype=torch.float32):
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"no Hugging Face model in {path}: expected config.json and weights")
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-
-
-# The forms `model.source` may take; every refusal of `check_model_source` ends with them.
-SOURCE_FORMS = ("tiny (built from model.config and pre-trained by prepare), hf:/local/dir (a local Hugging "
-                "Face causal LM: config.json, weights and tokenizer), or random-qwen3-1.7b (random weights "
-                "of model.config's shape, throughput only)")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what `load_tokenizer` reads
-
-
-def check_model_source(plan, base: str | Path | None = None) -> None:
-    """Refuse, before any run, a model the steps could not load: a `model.source` of none of
-    the three forms; an `hf:` path that does not exist, holds no config.json, whose config is
-    not a causal LM (its model type has no AutoModelForCausalLM class, or its `architectures`
-    name none), or that holds no weights or no tokenizer; a `model.config` that is not in
-    gradshare/model/configs. Raises PlanError naming the field, what is wrong and the allowed forms.
-
-    Local files only (transformers is asked with local_files_only, never the Hub). `base`:
-    the directory a relative `hf:` path is taken from, where the steps will run (default: here).
-    """
-
-    m = plan.model
-    src = m.source
-
-    def refuse(what: str):
-        raise PlanError(f"model.source={src!r} {what}; model.source is one of: {SOURCE_FORMS}")
-
-    if src == "tiny" or src.startswith("random-"):
-        if not (CONFIG_DIR / m.config).is_file():
-            known = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.json")))
-            raise PlanError(f"model.config={m.config!r} is not a file in gradshare/model/configs, which "
-                            f"model.source={src} is built from: choose one of {known}")
-        return
-    if not src.startswith("hf:") or not src[3:].strip():
-        refuse("is none of the allowed forms")
-    path = Path(base or ".") / src[3:]  # an absolute path stays itself
-    if not path.exists():
-        refuse(f"names {path}, which does not exist")
-    if not path.is_dir():
-        refuse(f"names {path}, which is not a directory")
-    if not (path / "config.json").is_file():
-        refuse(f"names {path}, which holds no config.json: not a Hugging Face model directory")
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    try:
-        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:  # an unknown model type, broken JSON, remote code: all unloadable
-        refuse(f"names {path}, whose config.json transformers cannot read "
-               f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})")
-    causal = {n for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() for n in ((v,) if isinstance(v, str) else v)}
-    archs = list(getattr(cfg, "architectures", None) or [])
-    # Both: BERT's type has a causal-LM class (BertLMHeadModel), but a BERT checkpoint's head
-    # (BertForMaskedLM) is not one; a saved causal LM names its class in `architectures`.
-    if type(cfg) not in AutoModelForCausalLM._model_mapping or not set(archs) & causal:
-        named = f"architectures {archs}" if archs else "no architectures"
-        refuse(f"names {path}, whose config.json describes a {cfg.model_type!r} model with {named}, not "
-               f"a causal LM: its `architectures` must name a class AutoModelForCausalLM loads, such "
-               f"as Qwen3ForCausalLM")
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        refuse(f"names {path}, which holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        refuse(f"names {path}, which holds no tokenizer: expected {' or '.join(TOKENIZER_FILES)} "
-               f"(prepare takes the model's own tokenizer)")
 
 
 def seed_model(plan, inputs_dir: str | Path, device: str | torch.device = "cpu"):
@@ -175,9 +81,6 @@ def collate(encoded: list[tuple[list[int], list[bool]]], pad_id: int, device="cp
         att[i, sl] = 1
         tgt[i, sl] = torch.tensor(mask)
     return ids.to(device), att.to(device), tgt.to(device)
-
-
-PAD_SEGMENT = -1  # the segment id of padding in packed rows (`gradshare.model.batching`)
 
 
 def packed_attention_mask(seg: torch.Tensor) -> torch.Tensor:

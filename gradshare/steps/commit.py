@@ -28,10 +28,6 @@ from gradshare.contract.tags import (
 )
 from gradshare.tracking import claims, connection, store, study_runs
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -> dict:
     """The arm's outcome and every attempt of it, from the ledger entries before the commit."""

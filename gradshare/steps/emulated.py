@@ -32,9 +32,6 @@ from gradshare.hosts import netns
 from gradshare.tracking import study_runs
 from gradshare.train.env import LINK_ENV, RATE_ENV
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: its MLproject launches every step
 MODES = ("auto", "emulated", "loopback")

@@ -25,12 +25,8 @@ from urllib.parse import urlparse
 from gradshare.contract.metrics import seed_metrics
 from gradshare.contract.plan import PLAN_FILE, Plan, plan_json
 from gradshare.contract.tags import INPUT_SHA, INPUTS_SHA, SEED_MODEL
-from gradshare.model.lm import MODEL_SHAPES, parameter_shapes
+from gradshare.model.source import MODEL_SHAPES, parameter_shapes
 from gradshare.util.jsonio import read_jsonl
-
-# Lazy imports: mlflow, pandas inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 
 def _params_not_yet_logged(flat: dict[str, str]) -> dict[str, str]:

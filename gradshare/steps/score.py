@@ -34,10 +34,6 @@ from gradshare.tracking import claims, store, study_runs
 from gradshare.tracking.orphans import process_tags
 from gradshare.util.jsonio import read_jsonl
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def score_study(study: str, parent_run) -> dict:
     import mlflow

@@ -31,9 +31,6 @@ from gradshare.tracking import connection, study_runs
 from gradshare.tracking.server import NO_JOBS
 from gradshare.train.env import LINK_ENV
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: its MLproject launches every step
 

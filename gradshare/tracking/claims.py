@@ -29,9 +29,6 @@ from gradshare.contract.errors import Refusal, StudyError
 from gradshare.contract.tags import ATTEMPT, FAILURE, REFUSAL
 from gradshare.tracking import connection
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 PREFIX = "claim."
 LIVE = ("RUNNING", "SCHEDULED", "FINISHED")

@@ -16,9 +16,6 @@ from urllib.parse import urlparse
 
 from gradshare.contract.errors import StudyError
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 REQUEST_TIMEOUT_S = 10
 """Seconds one request may take while records are sent from the outbox (MLflow's own client
@@ -58,8 +55,8 @@ def mlflow_run_keeps_the_steps_end() -> None:
     unless it is ended already, but its check (`mlflow.projects._maybe_set_run_terminated`,
     MLflow 3.17) hands `RunStatus.is_terminated` the status as a string where it takes the
     enum's int, so it never holds: a refusal's KILLED became FAILED. Here it takes both; for an
-    int nothing changes. Called in the launcher's own process (`gradshare study`; MLflow imports
-    `entrypoints.mlflow_plugin` into every process that imports mlflow)."""
+    int nothing changes. Called in the launcher's own process (`gradshare study`), not from the
+    plugin, which MLflow loads into every process that imports mlflow and which stays light."""
     from mlflow.entities import RunStatus
 
     if getattr(RunStatus.is_terminated, "takes_strings", False):

@@ -48,9 +48,6 @@ from gradshare.tracking.connection import (
     safe_artifact_path,
 )
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 ENV = "GRADSHARE_OUTBOX"
 JOURNAL, DELIVERED, LOST_SINCE = "journal.jsonl", "delivered", "lost_since"

@@ -27,10 +27,6 @@ from gradshare.contract.tags import (
 )
 from gradshare.tracking import clock, connection, orphans, outbox
 
-# Lazy imports: mlflow inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def existing_study(study: str):
     """The study's experiment, or SystemExit with one line: a step that reads a study never

@@ -54,9 +54,6 @@ from gradshare.train.env import LINK_ENV, RATE_ENV
 from gradshare.train.fullstate import MANIFEST
 from gradshare.train.launch import launch_problem
 
-# Lazy imports: mlflow, torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 # The module each rank runs (named from this package's own, so no module path is spelled out).
 WORKER_MODULE = f"{__package__}.worker"

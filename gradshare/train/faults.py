@@ -34,9 +34,6 @@ from dataclasses import dataclass
 
 from gradshare.train.env import DRIVER_PID_ENV
 
-# Lazy imports: torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 NAN_ENV = "GRADSHARE_INJECT_NAN_AT"
 HANG_ENV = "GRADSHARE_INJECT_HANG_AT"

@@ -28,9 +28,14 @@ import random
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+# torch: inside the functions that save, load and set states; the driver, which loads no torch,
+# verifies a full state's manifest with this module.
+if TYPE_CHECKING:
+    import torch
 
 MANIFEST = "manifest.json"
 
@@ -44,10 +49,12 @@ def dirname(update: int) -> str:
 
 
 def rng_state() -> dict:
+    import torch
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -55,6 +62,7 @@ def set_rng_state(state: dict) -> None:
 
 def powersgd_state(state) -> dict | None:
     """A PowerSGD state's picklable content (upstream's __getstate__ plus host_error)."""
+    import torch
     if state is None:
         return None
     if torch.cuda.is_available():
@@ -96,6 +104,7 @@ def _sha256_of(path: Path) -> str:
 def _write(path: Path, obj) -> dict:
     """Serialize straight to the file (a 1.7B AdamW state is 13.8 GB: never a second copy in
     memory), fsync it, then hash what is on disk."""
+    import torch
     with open(path, "wb") as fh:
         torch.save(obj, fh)
         fh.flush()
@@ -166,6 +175,7 @@ def verify(path: Path, world: int | None = None) -> dict:
 
 def load(path: Path, world: int) -> dict:
     """Every part of a verified full state, read onto the CPU."""
+    import torch
     path = Path(path)
     t0 = time.perf_counter()
     manifest = verify(path, world)

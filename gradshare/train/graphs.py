@@ -28,7 +28,7 @@ import contextlib
 
 import torch
 
-from gradshare.model.lm import PAD_SEGMENT
+from gradshare.model.batching import PAD_SEGMENT
 
 INPUTS = ("ids", "tgt", "seg", "pos")
 WARMUP_RUNS = 2  # before capture: compile, autotune, cuBLAS workspaces, on the capture stream

@@ -49,9 +49,6 @@ from gradshare.util.devices import indexed
 from gradshare.util.jsonio import read_jsonl
 from gradshare.util.sources import set_determinism
 
-# Lazy imports: accelerate, torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 STARTED_AT = time.time()  # this process's first line after the interpreter and torch (phase `launch`)
 

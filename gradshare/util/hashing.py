@@ -7,9 +7,6 @@ import hashlib
 import json
 from pathlib import Path
 
-# Lazy imports: safetensors, torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
 
 CHUNK = 1 << 20
 

@@ -4,10 +4,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 
-# Lazy imports: torch inside the functions that use them. Each costs a second or
-# more to import; the commands and processes that load this module only for its names, refusals or
-# arithmetic (a step's parser, the launcher, the workers' start) do not pay for them.
-
 
 def _version(pkg: str) -> str | None:
     try:

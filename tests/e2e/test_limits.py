@@ -85,7 +85,7 @@ def test_the_budget_check_reads_the_model_shapes_prepare_recorded(stopped_study)
     from types import SimpleNamespace
 
     from gradshare.tracking import store
-    from gradshare.model.lm import parameter_shapes
+    from gradshare.model.source import parameter_shapes
 
     study, _, _ = stopped_study
     prep, plan = store.prepared_plan(study)

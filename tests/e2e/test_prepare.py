@@ -91,7 +91,8 @@ def test_each_training_document_is_used_exactly_once_in_the_schedule(prep):
 def test_the_seed_model_has_lower_probe_nll_than_the_untrained_model_it_started_from(prep):
     _, inputs, _ = prep
     from gradshare.data.tokenizer import load_tokenizer
-    from gradshare.model.lm import build_model, load_model, mean_nll, model_config
+    from gradshare.model.lm import build_model, load_model, mean_nll
+    from gradshare.model.source import model_config
 
     plan = load_plan("tiny", SMALL)
     tok = load_tokenizer(inputs / "tokenizer")

@@ -37,7 +37,7 @@ def test_the_check_counts_host_seconds_and_cross_zone_bytes_against_the_bound():
 
 
 def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
-    from gradshare.model.lm import parameter_shapes
+    from gradshare.model.source import parameter_shapes
     from gradshare.cost.volume import WIRE_OVERHEAD, logical_bytes_per_exchange
 
     plan = load_plan("tiny", {})

@@ -9,9 +9,9 @@ import uuid
 import mlflow
 import pytest
 
-from gradshare.model.lm import check_model_source
+from gradshare.model.source import check_model_source
 from gradshare.contract.plan import load_plan
-from entrypoints.mlflow_plugin import refusal
+from entrypoints.mlflow_run_checks import refusal
 from gradshare.contract.tags import STEP, STUDY
 from gradshare.contract.errors import Refusal
 from gradshare.tracking import connection

@@ -26,7 +26,8 @@ from gradshare.data.replay import load_conversations, render_conversation
 from gradshare.data.schedule import build_schedule, update_sha256
 from gradshare.data.tasks import FAMILIES, generate_splits
 from gradshare.data.tokenizer import load_tokenizer, train_bpe
-from gradshare.model.lm import TokenLoss, build_model, collate, model_config
+from gradshare.model.lm import TokenLoss, build_model, collate
+from gradshare.model.source import model_config
 from gradshare.contract.plan import PlanError, load_plan
 from gradshare.model import batching
 from gradshare.train.loop import train

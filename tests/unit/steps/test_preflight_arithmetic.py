@@ -12,7 +12,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradshare.contract.plan import PlanError, load_plan
 from gradshare.cost import measured
 from gradshare.hosts import sockets
-from gradshare.model.lm import build_model, model_config, parameter_shapes
+from gradshare.model.lm import build_model
+from gradshare.model.source import model_config, parameter_shapes
 from gradshare.steps.preflight import buffers
 
 

@@ -16,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gradshare.train.loop as loop
 from gradshare.contract.plan import load_plan
-from gradshare.model.lm import build_model, model_config
+from gradshare.model.lm import build_model
+from gradshare.model.source import model_config
 from tests.unit.model.test_micro_batches import PACKED, SMALL, _inputs
 
 

@@ -161,7 +161,8 @@ def test_the_plan_refuses_fast_levers_where_they_do_not_apply():
 
 
 def test_chunked_cross_entropy_gives_the_plain_token_losses_and_gradients():
-    from gradshare.model.lm import TokenLoss, build_model, model_config
+    from gradshare.model.lm import TokenLoss, build_model
+    from gradshare.model.source import model_config
 
     model = build_model(model_config("tiny_qwen3.json", 1024), 3)
     g = torch.Generator().manual_seed(5)
@@ -193,7 +194,8 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     from benchmarks.workloads import DOCS_PER_UPDATE, bench_plan, schedule_for
     from benchmarks.workloads import stand_in_documents as documents
     from gradshare.data.tokenizer import load_tokenizer, train_bpe
-    from gradshare.model.lm import build_model, model_config
+    from gradshare.model.lm import build_model
+    from gradshare.model.source import model_config
     from gradshare.train.loop import train
 
     updates = 3

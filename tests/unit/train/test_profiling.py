@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gradshare.contract.plan import load_plan
-from gradshare.model.lm import build_model, model_config
+from gradshare.model.lm import build_model
+from gradshare.model.source import model_config
 from gradshare.train import profiling
 from gradshare.train.loop import train
 from tests.unit.model.test_micro_batches import SMALL, _inputs
