@@ -3,7 +3,7 @@ H200's measured cost parts scaled to the plan's GPU, the plan's link), and the a
 the study ran on re-projected to other link rates from their own runs (`gradshare.cost.link`).
 
 One figure per quantity: the measured machine's table shows each arm's speed ratio as the verdict
-computes it (active tokens/s over single's), beside the model's, which is built on median
+computes it (active tokens/s over the speed baseline's, `gradshare.contract.speed`), beside the model's, which is built on median
 seconds per update and says so. An arm measured over loopback crossed no link and is shown at
 loopback only; an arm that did not finish is listed with its status, never dropped.
 Rates are Mbit/s; a loopback rate (infinite) is written as None so that `verdicts.json` stays
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from gradshare.contract import metrics as M
+from gradshare.contract import speed
 from gradshare.cost import link as ML
 from gradshare.cost import projection as P
 from gradshare.tracking import connection
@@ -50,16 +51,16 @@ def _measured(rec) -> dict:
     base = m.link_mbit
     looped = math.isinf(base) or math.isnan(base)
     rates = [base] if looped else [base * f for f in MEASURED_RATE_FACTORS]
-    single_tps = rec.arms["single"].metrics.get(M.ACTIVE_TOKENS_PER_S)
+    measured_tps = {a: rec.arms[a].metrics.get(M.ACTIVE_TOKENS_PER_S) for a in rec.arms}
+    baseline = plan.screen.speed_baseline
     rows = []
     for arm in m.arms:
-        tps = rec.arms[arm].metrics.get(M.ACTIVE_TOKENS_PER_S)
         for r in rates:
-            row = ML.project(m, arm, 2, r, plan.train_docs, plan.schedule.docs_per_update)
+            row = ML.with_speed_ratio(m, plan, ML.project(m, arm, 2, r, plan.train_docs, plan.schedule.docs_per_update))
             if r == base:
                 row["measured_s_per_update"] = m.measured_s[arm]
-                if tps and single_tps:  # the verdict's own figure
-                    row["measured_speed_ratio"] = tps / single_tps
+                if measured_tps.get(arm) and measured_tps.get(baseline):  # the verdict's own figure
+                    row["measured_speed_ratio"] = speed.screen(plan, measured_tps, arm).ratio
             rows.append(row)
     return {"machine": m.name, "source": m.source, "link_mbit": None if math.isinf(base) else base,
             "single_s": m.single_s, "extra_s": {a: i.extra_s for a, i in m.arms.items()},

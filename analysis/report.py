@@ -310,12 +310,13 @@ def _projection(p: dict, v: dict) -> list[str]:
         md += [f"**This study's machine** at other link rates, from its own medians (one device's update "
                f"{m['single_s']:.3f} s; each arm's own seconds beyond compute and link: "
                + ", ".join(f"{a} {x:+.3f} s" for a, x in m["extra_s"].items()) + "). The model's speed "
-               "ratio is on median seconds per update; the measured one is the verdict's (active tokens/s):", "",
+               "ratio is on median seconds per update; the measured one is the verdict's (active tokens/s); both "
+               f"over {v['speed_screen']['baseline']}:", "",
                "| arm | link | s/update projected | measured | speed ratio, model | speed ratio, measured |",
                "|---|---|---|---|---|---|"]
         for r in m["rows"]:
             md.append(f"| {r['arm']} | {_rate(r['rate_mbit'])} | {r['s_per_update']:.3f} | "
-                      f"{_fmt(r.get('measured_s_per_update'))} | {r['speed_ratio']:.2f} | "
+                      f"{_fmt(r.get('measured_s_per_update'))} | {_fmt(r.get('speed_ratio'), '.2f')} | "
                       f"{_fmt(r.get('measured_speed_ratio'))} |")
         md += [""]
     for arm in m.get("missing") or {}:  # its reason is in the verdict table

@@ -19,6 +19,7 @@ from analysis.stats import (
     retention_change,
 )
 from gradshare.contract import metrics as M
+from gradshare.contract import speed
 from gradshare.cost.accounting import arm_cost, cost_words, study_budget
 
 
@@ -140,16 +141,15 @@ def quality_screen(plan, pre: Precondition, paired, retention) -> dict:
 
 
 def speed_screen(plan, pre: Precondition, rec, costs) -> dict:
-    cand, base, s = plan.arms.candidate, plan.screen.speed_baseline, plan.screen
+    cand, base = plan.arms.candidate, plan.screen.speed_baseline
     if not pre.applies:
-        return _undecided(pre) | {"baseline": base, "cost_words": cost_words(None, None, None)}
-    tps_c = rec.arms[cand].metrics[M.ACTIVE_TOKENS_PER_S]
-    tps_b = rec.arms[base].metrics[M.ACTIVE_TOKENS_PER_S]
-    ratio = tps_c / tps_b
-    return {"pass": ratio >= s.speed_ratio, "status": pre.status, "baseline": base,
-            "candidate_active_tokens_per_s": tps_c, "baseline_active_tokens_per_s": tps_b,
-            "ratio": ratio, "threshold": s.speed_ratio, "notes": list(pre.notes),
-            "cost_words": cost_words(costs[cand], costs[base], ratio)}
+        return _undecided(pre) | {"baseline": base, "cost_words": cost_words(None, None, None, base)}
+    tps = {a: rec.arms[a].metrics[M.ACTIVE_TOKENS_PER_S] for a in (cand, base)}
+    screen = speed.screen(plan, tps)
+    return {"pass": screen.passes, "status": pre.status, "baseline": base,
+            "candidate_active_tokens_per_s": tps[cand], "baseline_active_tokens_per_s": tps[base],
+            "ratio": screen.ratio, "threshold": screen.threshold, "notes": list(pre.notes),
+            "cost_words": cost_words(costs[cand], costs[base], screen.ratio, base)}
 
 
 # --- the verdict as the analyze run's metrics: columns of the study's runs table in the UI ---

@@ -1,31 +1,13 @@
-"""What the study's hosts would do, before anyone rents them: each arm's seconds per update, speed
-ratio, GPU-seconds and dollars, and the break-even points of the speed and cost screens.
+"""`gradshare project`: what the study's hosts would do, before anyone rents them: each arm's
+seconds per update, speed ratio, GPU-seconds and dollars, and the break-even points of the speed
+and cost screens.
 
     gradshare project                      # the full profile's inputs, built here by prepare's code
     gradshare project --study S            # a prepared study's own workload, and its machine's runs
     gradshare project --json p.json --plot p.png
 
-The model, per update u of the prepared schedule (`gradshare.inputs.workload`), on W hosts with one
-GPU each in a ring over a link of R bit/s each way (latency not modelled):
-
-    t(single, u)    = cost(single; padded tokens and micro-batches of one rank at world 1)
-    t(arm, W, R, u) = cost(arm; the slower rank's at world 2) + wire_bytes_per_rank(B(arm, u), W) x 8 / R
-
-    cost            `gradshare.cost.gpu_cost`: matrix work, gradient additions, clip and AdamW, the arm's
-                    extra (PowerSGD: compression and the FP32 host error's copies), each measured on
-                    one H200 and scaled to the plan's GPU by the rate it is bound by
-    B(arm, u)       one rank's logical bytes (`gradshare.cost.volume`): dense every update; PowerSGD dense
-                    in its warm-up updates, then its P, Q and uncompressed tensors
-    W > 2           weak scaling: each rank keeps the two-rank share, so the study takes 2/W as many
-                    updates
-
-    speed ratio     tokens/s of the arm over single's, over the whole schedule (what the screen asks)
-    GPU-seconds     W x the arm's seconds; cheaper = fewer than single's (active, as the report)
-    dollars         GPU-seconds x price per host-hour + cross-zone bytes x price per GB each way
-
-Every input carries its provenance: prepared (the study's schedule), measured (the H200 call:
-where, when, which commit) or declared (the plan, with its source). A study's own machine,
-re-projected from its runs, is `gradshare.cost.link`.
+The model and its inputs' provenance: `gradshare.cost.projection`; a study's own machine,
+re-projected from its runs: `gradshare.cost.link`.
 """
 from __future__ import annotations
 
@@ -88,7 +70,7 @@ def main(argv=None) -> None:
         else:
             rows = ML.grid(measured, plan, hosts, rates or [measured.link_mbit])
             out["measured"] = {"machine": measured.name, "source": measured.source, "rows": rows}
-            print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows) + "\n")
+            print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows, plan.screen.speed_baseline) + "\n")
     else:
         plan = load_plan("full", {})
     figures = hosts_measured.latest(args.study) if args.study else None  # the preflight, where it ran

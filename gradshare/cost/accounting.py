@@ -80,21 +80,24 @@ def study_budget(plan, costs: dict[str, dict]) -> dict:
                       "study_instance_type": plan.infra.instance_type}}
 
 
-def cost_words(candidate: dict | None, single: dict | None, speed_ratio: float | None) -> str:
-    """Whether the candidate reduced cost or only time, in words. The plan: "faster execution
-    with more total GPU time is not a cost reduction": cheaper is decided on total GPU-seconds
-    (start-up and checkpoint included); active GPU-seconds are shown beside them."""
-    if not candidate or not single or speed_ratio is None:
+def cost_words(candidate: dict | None, baseline: dict | None, speed_ratio: float | None,
+               baseline_arm: str) -> str:
+    """Whether the candidate reduced cost or only time against the speed screen's baseline arm,
+    in words. The plan: "faster execution with more total GPU time is not a cost reduction":
+    cheaper is decided on total GPU-seconds (start-up and checkpoint included); active
+    GPU-seconds are shown beside them."""
+    if not candidate or not baseline or speed_ratio is None:
         return "not decided: an arm it needs is missing"
-    total = candidate["gpu_s_total"] / max(single["gpu_s_total"], 1e-12)
-    active = candidate["gpu_s_active"] / max(single["gpu_s_active"], 1e-12)
-    figures = f"{total:.2f}x single's total GPU-seconds ({active:.2f}x its active ones)"
+    total = candidate["gpu_s_total"] / max(baseline["gpu_s_total"], 1e-12)
+    active = candidate["gpu_s_active"] / max(baseline["gpu_s_active"], 1e-12)
+    b = baseline_arm
+    figures = f"{total:.2f}x {b}'s total GPU-seconds ({active:.2f}x its active ones)"
     faster = speed_ratio > 1
     if faster and total < 1:
-        return f"the candidate reduced cost: {speed_ratio:.2f}x single's throughput with {figures}"
+        return f"the candidate reduced cost: {speed_ratio:.2f}x {b}'s throughput with {figures}"
     if faster:
-        return (f"the candidate reduced time only: {speed_ratio:.2f}x single's throughput but {figures}, "
+        return (f"the candidate reduced time only: {speed_ratio:.2f}x {b}'s throughput but {figures}, "
                 f"so it is not a cost reduction")
     if total < 1:
-        return f"the candidate reduced cost only: {speed_ratio:.2f}x single's throughput with {figures}"
-    return f"the candidate reduced neither: {speed_ratio:.2f}x single's throughput with {figures}"
+        return f"the candidate reduced cost only: {speed_ratio:.2f}x {b}'s throughput with {figures}"
+    return f"the candidate reduced neither: {speed_ratio:.2f}x {b}'s throughput with {figures}"

@@ -29,6 +29,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from gradshare.contract import metrics as M
+from gradshare.contract import speed
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, cross_zone_bytes, wire_bytes_per_rank
 from gradshare.tracking import connection, store, study_runs
@@ -85,12 +86,11 @@ def project(m: Machine, arm: str, world: int, rate_mbit: float, train_docs: int,
     share = 1.0 if arm == "single" else TWO_HOST_SHARE
     docs_per_step = docs_per_update * share * world
     updates = train_docs / docs_per_step
-    speed = (world * share / t) / (1 / m.single_s)
     gpu_s = updates * t * world
     cross_bytes = 0.0 if world == 1 else cross_zone_bytes(m.arms[arm].logical_bytes, world) * updates
     usd = gpu_s / 3600 * m.usd_per_host_hour + cross_bytes / GB * m.cross_zone_usd_per_gb
     return {"arm": arm, "hosts": world, "rate_mbit": rate_mbit, "s_per_update": t, "updates": updates,
-            "tokens_per_s": m.tokens_per_update * share * world / t, "speed_ratio": speed, "gpu_s": gpu_s,
+            "tokens_per_s": m.tokens_per_update * share * world / t, "gpu_s": gpu_s,
             "cross_zone_bytes": cross_bytes, "usd": usd}
 
 
@@ -185,14 +185,29 @@ def from_study(study: str) -> tuple[object, Machine]:
     return plan, from_measurements(plan, arms, f"the machine study {study!r} ran on")
 
 
+def with_speed_ratio(m: Machine, plan, row: dict) -> dict:
+    """`row` (of `project`) with its speed ratio over the plan's speed baseline, as
+    `gradshare.contract.speed` takes it: the baseline on as many hosts over the same link, or, for a
+    one-process row, on the plan's two hosts over this machine's link. None where the baseline did
+    not run."""
+    base = plan.screen.speed_baseline
+    if base != "single" and base not in m.arms:
+        return row
+    hosts, rate = (row["hosts"], row["rate_mbit"]) if row["hosts"] > 1 else (2, m.link_mbit)
+    tps = {row["arm"]: row["tokens_per_s"],
+           base: project(m, base, hosts, rate, plan.train_docs, plan.schedule.docs_per_update)["tokens_per_s"]}
+    return row | {"speed_ratio": speed.screen(plan, tps, row["arm"]).ratio}
+
+
 def grid(m: Machine, plan, hosts=DEFAULT_HOSTS, rates_mbit=None) -> list[dict]:
     rates = list(rates_mbit or [m.link_mbit])
-    rows = [project(m, "single", 1, math.inf, plan.train_docs, plan.schedule.docs_per_update)]
+    rows = [with_speed_ratio(m, plan, project(m, "single", 1, math.inf, plan.train_docs,
+                                                plan.schedule.docs_per_update))]
     for arm in m.arms:
         looped = math.isinf(m.link_mbit)  # never crossed a link: shown as measured, not extrapolated
         for w in ((2,) if looped else hosts):
             for r in ((math.inf,) if looped else rates):
-                row = project(m, arm, w, r, plan.train_docs, plan.schedule.docs_per_update)
+                row = with_speed_ratio(m, plan, project(m, arm, w, r, plan.train_docs, plan.schedule.docs_per_update))
                 if w == 2 and r == m.link_mbit and arm in m.measured_s:
                     row["measured_s_per_update"] = m.measured_s[arm]
                 rows.append(row)
@@ -205,11 +220,11 @@ def _rate_text(r: float) -> str:
     return f"{r / 1e3:g} Gbit/s" if r >= 1e3 else f"{r:g} Mbit/s"
 
 
-def table(rows: list[dict]) -> str:
-    out = ["| arm | hosts | link | s/update | speed ratio vs single (median s/update) | GPU-s | "
+def table(rows: list[dict], baseline: str) -> str:
+    out = [f"| arm | hosts | link | s/update | speed ratio vs {baseline} (median s/update) | GPU-s | "
            "cross-zone GB | $ |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         measured = f" (measured {r['measured_s_per_update']:.3f})" if "measured_s_per_update" in r else ""
         out.append(f"| {r['arm']} | {r['hosts']} | {_rate_text(r['rate_mbit'])} | {r['s_per_update']:.3f}{measured} | "
-                   f"{r['speed_ratio']:.2f} | {r['gpu_s']:,.0f} | {r['cross_zone_bytes'] / GB:,.2f} | {r['usd']:.2f} |")
+                   f"{r.get('speed_ratio', math.nan):.2f} | {r['gpu_s']:,.0f} | {r['cross_zone_bytes'] / GB:,.2f} | {r['usd']:.2f} |")
     return "\n".join(out)

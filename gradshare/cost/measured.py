@@ -25,6 +25,7 @@ import statistics
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, WIRE_OVERHEAD, cross_zone_bytes, logical_bytes_per_exchange, ring_factor
 from gradshare.contract import metrics as M
+from gradshare.contract import speed
 from gradshare.tracking import connection, study_runs
 
 TWO_HOST_SHARE = 0.5
@@ -153,16 +154,19 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
     deadline = start_epoch + plan.infra.deadline_hours * 3600
     fits_deadline = now + total_s <= deadline
     fits_budget = spent_usd + total_usd <= plan.infra.budget_usd
-    speed = {}
-    if "powersgd" in plan.arms.names and "single" in plan.arms.names:
-        n = plan.schedule.updates
+    speed_at = {}
+    cand, base = plan.arms.candidate, plan.screen.speed_baseline
+    if cand != base and {cand, base} <= set(plan.arms.names):
+        # every arm trains the same tokens: tokens per second go as one over the arm's seconds
         for rate in ("first", "last"):
-            speed[rate] = (n * c) / arm_seconds(plan, "powersgd", c, figures, rate=rate)
-        if per_update and {"single", "powersgd"} <= set(per_update):  # the GPU projection's, one rate
-            speed["first"] = speed["last"] = per_update["single"] / per_update["powersgd"]
-        lo, hi = min(speed.values()), max(speed.values())
-        thr = plan.screen.speed_ratio
-        speed["verdict"] = "pass" if lo >= thr else "fail" if hi < thr else "uncertain"
+            speed_at[rate] = speed.screen(plan, {a: 1 / arm_seconds(plan, a, c, figures, rate=rate)
+                                                 for a in (cand, base)})
+        if per_update and {cand, base} <= set(per_update):  # the GPU projection's, one rate
+            speed_at["first"] = speed_at["last"] = speed.screen(plan, {a: 1 / per_update[a] for a in (cand, base)})
+    passes = {s.passes for s in speed_at.values()}
+    speed_ratio = {rate: s.ratio for rate, s in speed_at.items()}
+    if speed_at:
+        speed_ratio["verdict"] = "uncertain" if len(passes) > 1 else "pass" if passes == {True} else "fail"
     why = []
     if not fits_deadline:
         why.append(f"the arms' {total_s / 3600:.2f} h would end past the deadline ({plan.infra.deadline_hours:g} h "
@@ -170,7 +174,8 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
     if not fits_budget:
         why.append(f"${spent_usd:.2f} spent + ${total_usd:.2f} projected is past the ${plan.infra.budget_usd:g} bound")
     return {"go": "go" if not why else "no-go", "why": why, "arms": rows, "hours": total_s / 3600, "usd": total_usd,
-            "spent_usd": spent_usd, "compute_s": c, "compute_source": c_source, "speed_ratio": speed,
+            "spent_usd": spent_usd, "compute_s": c, "compute_source": c_source, "speed_ratio": speed_ratio,
+            "speed_arms": [cand, base],
             "quality": "not projectable before training: the screen needs the arms' models",
             "provenance": provenance(figures) if "run_id" in figures else "measured now"}
 
@@ -230,7 +235,8 @@ def table(figures: dict) -> str:
               + "".join(f"; {r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in g["arms"]) + "."]
     if g["speed_ratio"]:
         s = g["speed_ratio"]
-        lines.append(f"Speed screen: {s['verdict']} (ratio {s['first']:.2f} at the first window's rate, "
+        cand, base = g.get("speed_arms", ["powersgd", "single"])
+        lines.append(f"Speed screen: {s['verdict']} ({cand} over {base}: {s['first']:.2f} at the first window's rate, "
                      f"{s['last']:.2f} at the last's). Quality screen: {g['quality']}.")
     if figures.get("upload"):
         u = figures["upload"]

@@ -19,8 +19,9 @@ GPU each in a ring over a link of R bit/s each way (latency not modelled):
     W > 2           weak scaling: each rank keeps the two-rank share, so the study takes 2/W as many
                     updates
 
-    speed ratio     tokens/s of the arm over single's, over the whole schedule (what the screen asks)
-    GPU-seconds     W x the arm's seconds; cheaper = fewer than single's (active, as the report)
+    speed ratio     tokens/s of the arm over the speed baseline's (`screen.speed_baseline`), over the
+                    whole schedule, decided by `gradshare.contract.speed` as the verdict is
+    GPU-seconds     W x the arm's seconds; cheaper = fewer than the baseline's (active, as the report)
     dollars         GPU-seconds x price per host-hour + cross-zone bytes x price per GB each way
 
 Every input carries its provenance: prepared (the study's schedule), measured (the H200 call:
@@ -35,6 +36,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from gradshare.contract import speed
 from gradshare.contract.plan import load_plan
 from gradshare.cost import gpu_cost, measured
 from gradshare.cost import link as ML
@@ -106,18 +108,24 @@ class Hosts:
     def table(self, world: int = 2, rate_mbit: float | None = None, record=None, cost=None) -> list[dict]:
         rate = self.plan.infra.link_gbit * 1e3 if rate_mbit is None else rate_mbit
         rows = [self.arm(a, world, rate, record, cost) for a in ARMS if a in self.plan.arms.names]
-        single = next(r for r in rows if r["arm"] == "single")
+        tps = {r["arm"]: r["tokens_per_s"] for r in rows}
+        base = next(r for r in rows if r["arm"] == self.plan.screen.speed_baseline)
         for r in rows:
-            r["speed_ratio"] = r["tokens_per_s"] / single["tokens_per_s"]
-            r["cheaper_than_single"] = r["gpu_s"] < single["gpu_s"]
+            screen = speed.screen(self.plan, tps, r["arm"])
+            r["speed_ratio"], r["speed_screen_passes"] = screen.ratio, screen.passes
+            r["cheaper_than_baseline"] = r["gpu_s"] < base["gpu_s"]
         return rows
 
     def ratio(self, arm: str, world: int, rate_mbit: float, record=None, cost=None) -> float:
-        return self.arm(arm, world, rate_mbit, record, cost)["tokens_per_s"] / \
-            self.arm("single", 1, math.inf, record, cost)["tokens_per_s"]
+        """The speed screen's ratio of `arm` on `world` hosts over the baseline on as many (one,
+        where the baseline is a one-process arm), both over the link of `rate_mbit`."""
+        base = self.plan.screen.speed_baseline
+        tps = {a: self.arm(a, world, rate_mbit, record, cost)["tokens_per_s"] for a in {arm, base}}
+        return speed.screen(self.plan, tps, arm).ratio
 
     def gpu_s_ratio(self, arm: str, rate_mbit: float, record=None) -> float:
-        return self.arm(arm, 2, rate_mbit, record)["gpu_s"] / self.arm("single", 1, math.inf, record)["gpu_s"]
+        base = self.plan.screen.speed_baseline
+        return self.arm(arm, 2, rate_mbit, record)["gpu_s"] / self.arm(base, 2, rate_mbit, record)["gpu_s"]
 
 
 def _solve(f, lo: float, hi: float, target: float) -> float | None:
@@ -135,7 +143,7 @@ def _solve(f, lo: float, hi: float, target: float) -> float | None:
 def break_even(h: Hosts, arm: str = "powersgd") -> dict:
     """Where the screens would flip for `arm` on the plan's two hosts: the link rate (at the study's
     documents) and the document length (at the plan's link) at which the speed screen passes, and
-    the document length at which it uses fewer GPU-seconds than single. None: not within 1 Mbit/s
+    the document length at which it uses fewer GPU-seconds than the speed baseline. None: not within 1 Mbit/s
     to 100 Tbit/s, or documents 1/20 to 200 times as long."""
     need = h.plan.screen.speed_ratio
     link = h.plan.infra.link_gbit * 1e3
@@ -150,7 +158,7 @@ def break_even(h: Hosts, arm: str = "powersgd") -> dict:
 
 
 def sensitivity(h: Hosts, arm: str = "powersgd") -> dict:
-    """The verdicts (speed screen passed, cheaper than single) with the host link's pinned rate
+    """The verdicts (speed screen passed, cheaper than the baseline) with the host link's pinned rate
     `infra.host_pinned_uncertainty` below and above the declared figure."""
 
     u, link = h.plan.infra.host_pinned_uncertainty, h.plan.infra.link_gbit * 1e3
@@ -159,8 +167,8 @@ def sensitivity(h: Hosts, arm: str = "powersgd") -> dict:
         cost = replace(h.cost, gpu=replace(h.cost.gpu, pinned_both_gbps=h.cost.gpu.pinned_both_gbps * f))
         rows = {r["arm"]: r for r in h.table(2, link, cost=cost)}
         out[label] = {"pinned_both_gbps": cost.gpu.pinned_both_gbps, "speed_ratio": rows[arm]["speed_ratio"],
-                      "speed_screen_passes": rows[arm]["speed_ratio"] >= h.plan.screen.speed_ratio,
-                      "cheaper": rows[arm]["cheaper_than_single"]}
+                      "speed_screen_passes": rows[arm]["speed_screen_passes"],
+                      "cheaper": rows[arm]["cheaper_than_baseline"]}
     verdicts = {(v["speed_screen_passes"], v["cheaper"]) for v in out.values()}
     out["flips"] = len(verdicts) > 1
     return out
@@ -185,37 +193,41 @@ def compute(plan, record: dict, workload_source: str, calibration: gpu_cost.Cali
     """Everything `gradshare project` prints and the report shows, as plain JSON."""
     h = Hosts(plan, record, calibration or gpu_cost.load(), workload_source)
     m = record["median"]
-    per_update = {a: h.cost.parts(a, *((m["w1_padded_tokens"], m["w1_micro_batches"]) if a == "single"
-                                       else (m["w2_padded_tokens"], m["w2_micro_batches"]))) for a in ARMS}
+    per_update = {a: h.cost.parts(a, *((m["w2_padded_tokens"], m["w2_micro_batches"]) if plan.arm(a).is_ddp
+                                       else (m["w1_padded_tokens"], m["w1_micro_batches"]))) for a in ARMS}
     curves = [{"arm": a, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a, w, g * 1e3)}
               for a in ("dense", "powersgd") if a in plan.arms.names for w in hosts for g in PLOT_RATES_GBIT]
     return {"machine": f"{len(plan.infra.hosts)} x {plan.infra.instance_type} ({plan.infra.gpu}), a projection",
             "link_mbit": plan.infra.link_gbit * 1e3, "rows": h.table(), "parts_s": per_update,
-            "break_even": break_even(h), "sensitivity": sensitivity(h), "curves": curves,
-            "provenance": provenance(h), "speed_screen": plan.screen.speed_ratio}
+            "break_even": break_even(h, plan.arms.candidate), "sensitivity": sensitivity(h, plan.arms.candidate),
+            "curves": curves,
+            "provenance": provenance(h), "speed_screen": plan.screen.speed_ratio,
+            "candidate": plan.arms.candidate, "baseline": plan.screen.speed_baseline}
 
 
 def verdict_lines(p: dict) -> list[str]:
     """The projection's answer in sentences: the verdict, the break-even points, the uncertainty."""
     rows = {r["arm"]: r for r in p["rows"]}
+    cand, base = p["candidate"], p["baseline"]
     out = []
-    if "powersgd" in rows:
-        r, need = rows["powersgd"], p["speed_screen"]
-        out.append(f"powersgd on the plan's hosts: speed ratio {r['speed_ratio']:.2f} (the screen needs {need:.2f}): "
-                   f"{'passes' if r['speed_ratio'] >= need else 'fails'}; "
-                   f"{'fewer' if r['cheaper_than_single'] else 'more'} GPU-seconds than single "
-                   f"({r['gpu_s']:,.0f} against {rows['single']['gpu_s']:,.0f}).")
+    if cand in rows and cand != base:
+        r, need = rows[cand], p["speed_screen"]
+        out.append(f"{cand} on the plan's hosts: speed ratio {r['speed_ratio']:.2f} over {base} (the screen needs "
+                   f"{need:.2f}): {'passes' if r['speed_screen_passes'] else 'fails'}; "
+                   f"{'fewer' if r['cheaper_than_baseline'] else 'more'} GPU-seconds than {base} "
+                   f"({r['gpu_s']:,.0f} against {rows[base]['gpu_s']:,.0f}).")
         b = p["break_even"]
         link = (f"at a link of {_rate(b['link_mbit_for_speed'])} each way" if b["link_mbit_for_speed"]
                 else f"at no link rate (even an infinite one gives {b['ratio_at_infinite_link']:.2f})")
         out.append(f"Break-even: the speed screen would pass {link}, or, at the plan's link, with "
                    + (f"{b['tokens_per_update_for_speed']:,.0f} tokens per update" if b["tokens_per_update_for_speed"]
                       else "no document length within 200 times the study's")
-                   + "; powersgd would use fewer GPU-seconds than single with "
+                   + f"; {cand} would use fewer GPU-seconds than {base} with "
                    + (f"{b['tokens_per_update_for_fewer_gpu_s']:,.0f} tokens per update."
                       if b["tokens_per_update_for_fewer_gpu_s"] else
-                      "no document length within 200 times the study's (two GPUs, each doing half of single's "
-                      "matrix work, use at least single's GPU-seconds, and each adds its own optimizer and exchange)."))
+                      "no document length within 200 times the study's"
+                      + (" (two GPUs, each doing half of single's matrix work, use at least single's GPU-seconds, "
+                         "and each adds its own optimizer and exchange)." if base == "single" else ".")))
         s = p["sensitivity"]
         out.append(("The verdict flips within the host link's uncertainty: " if s["flips"] else
                     "The verdict holds within the host link's uncertainty: ")
@@ -232,11 +244,12 @@ def _rate(mbit: float | None) -> str:
 
 def markdown(p: dict) -> str:
     lines = [f"**The study's hosts**: {p['machine']}, two hosts in two zones over {_rate(p['link_mbit'])}:", "",
-             "| arm | s/update | speed ratio vs single | GPU-s | cheaper than single | cross-zone GB | $ |",
+             f"| arm | s/update | speed ratio vs {p['baseline']} | GPU-s | cheaper than {p['baseline']} | "
+             "cross-zone GB | $ |",
              "|---|---|---|---|---|---|---|"]
     for r in p["rows"]:
         lines.append(f"| {r['arm']} | {r['s_per_update']:.3f} | {r['speed_ratio']:.2f} | {r['gpu_s']:,.0f} | "
-                     f"{'-' if r['arm'] == 'single' else ('yes' if r['cheaper_than_single'] else 'no')} | "
+                     f"{'-' if r['arm'] == p['baseline'] else ('yes' if r['cheaper_than_baseline'] else 'no')} | "
                      f"{r['cross_zone_bytes'] / GB:,.1f} | {r['usd']:.2f} |")
     parts = "; ".join(f"{a}: " + ", ".join(f"{k} {v:.3f}" for k, v in ps.items()) for a, ps in p["parts_s"].items())
     lines += ["", *verdict_lines(p), "", f"Seconds per update by part, the median update (before the link): {parts}.",
@@ -264,7 +277,7 @@ def plot(p: dict, path: Path) -> Path:
     ax.axvline(p["link_mbit"] / 1e3, color="grey", linestyle=":", linewidth=0.8, label="plan's link")
     ax.set_xscale("log")
     ax.set_xlabel("link, Gbit/s each way")
-    ax.set_ylabel("speed ratio vs single")
+    ax.set_ylabel(f"speed ratio vs {p['baseline']}")
     ax.set_title("Projected speed on the study's hosts (solid: powersgd, dotted: dense)")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()

@@ -159,17 +159,19 @@ def test_cost_counts_host_hours_at_the_declared_price_and_projects_cross_zone_by
 
 
 def test_faster_with_more_gpu_time_is_called_a_time_reduction_not_a_cost_reduction():
-    words = cost_words({"gpu_s_active": 160.0, "gpu_s_total": 200.0}, {"gpu_s_active": 100.0, "gpu_s_total": 120.0}, 1.25)
+    words = cost_words({"gpu_s_active": 160.0, "gpu_s_total": 200.0}, {"gpu_s_active": 100.0, "gpu_s_total": 120.0}, 1.25,
+                       "single")
     assert "time only" in words and "not a cost reduction" in words and "1.67x single's total" in words
     assert "reduced cost" in cost_words({"gpu_s_active": 90.0, "gpu_s_total": 95.0},
-                                        {"gpu_s_active": 100.0, "gpu_s_total": 110.0}, 2.2)
+                                        {"gpu_s_active": 100.0, "gpu_s_total": 110.0}, 2.2, "single")
 
 
 def test_cheaper_is_decided_on_total_gpu_seconds_with_start_up_and_checkpoint_not_active_ones():
     # fewer active GPU-seconds than single, but a long start-up and checkpoint on two hosts
-    words = cost_words({"gpu_s_active": 90.0, "gpu_s_total": 150.0}, {"gpu_s_active": 100.0, "gpu_s_total": 110.0}, 2.2)
+    words = cost_words({"gpu_s_active": 90.0, "gpu_s_total": 150.0}, {"gpu_s_active": 100.0, "gpu_s_total": 110.0}, 2.2,
+                       "single")
     assert "time only" in words and "1.36x single's total GPU-seconds (0.90x its active ones)" in words
-    assert "not decided" in cost_words(None, {"gpu_s_active": 1.0}, None)
+    assert "not decided" in cost_words(None, {"gpu_s_active": 1.0}, None, "single")
 
 
 def test_random_seed_weights_get_no_quality_verdict_but_a_speed_verdict():
@@ -191,6 +193,8 @@ def test_the_speed_baseline_is_the_plans_not_always_single():
     rec.plan = load_plan("tiny", {"screen.speed_baseline": "dense"})
     s = compute(rec)["speed_screen"]
     assert s["baseline"] == "dense" and s["ratio"] == pytest.approx(150 / 140) and s["pass"] is False
+    # the words compare with the baseline, not with single
+    assert f"{150 / 140:.2f}x dense's throughput" in s["cost_words"] and "single" not in s["cost_words"]
 
 
 def _with_attempts(rec, arm, statuses):
