@@ -38,7 +38,6 @@ def log_analysis(v: dict, out: Path) -> None:
     needs is missing) and the figures behind them as metrics (`verdict/...`, `cost/<arm>/...`)."""
     import mlflow
 
-
     mlflow.set_tag(PLAN_SHA, v["plan_sha256"])
     # the verdict as the first thing on the study's page and on the run's, no column to add
     note = description(v)

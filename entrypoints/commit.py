@@ -16,7 +16,6 @@ def main(argv=None) -> None:
     ap = study_parser(__doc__)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
-
     with study_runs.study_run(args.study, "commit", run_name="commit") as run:
         c = commit_study(args.study, run.info.run_id)
         for e in c["arms"]:

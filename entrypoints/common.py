@@ -63,7 +63,6 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
             parser.record_refusal(str(exc))
         parser.exit(2, f"[gradshare] {exc}\n")
     if getattr(args, "study", None) is not None:
-
         try:
             check_study_name(args.study)
         except StudyError as exc:

@@ -136,7 +136,6 @@ def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> No
         if hosts not in MODES:
             _refuse(f"-P hosts={hosts} is not a choice: choose one of {', '.join(MODES)}")
     if takes_plan:  # refuse a plan that cannot be run, or a model no step could load
-
         overrides = {k: v for k, v in values.items() if "." in k}
         try:
             plan = load_plan(values.get("profile", declared.get("profile", "tiny")), overrides)

@@ -29,7 +29,6 @@ def main(argv=None) -> None:
     ap = study_parser(__doc__, makes_plan=True)
     args, overrides = parse(ap, argv)
 
-
     _refuse_before_any_run(ap, args, overrides)
     study_runs.setup(args.study)
     if truthy(args.new_study):
@@ -46,7 +45,6 @@ def main(argv=None) -> None:
                 f"(archives this one) or choose another -P study=NAME")
 
         import mlflow
-
 
         # the study's clock (deadline, budget) starts here
         mlflow.log_param(START_PARAM, f"{time.time():.3f}")

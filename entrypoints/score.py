@@ -17,7 +17,6 @@ def main(argv=None) -> None:
     ap = study_parser(__doc__)
     args, _ = parse(ap, argv, overrides_allowed=False)
 
-
     with study_runs.study_run(args.study, "score", run_name="score") as run:
         score_study(args.study, run)
 

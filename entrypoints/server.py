@@ -43,7 +43,6 @@ def _secret_key(directory: str) -> str:
 
 
 def main(argv=None) -> None:
-
     ap = argparse.ArgumentParser(prog="gradshare server", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="tiny")

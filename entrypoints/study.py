@@ -31,7 +31,6 @@ def main(argv=None) -> None:
                     help="where the two-process arms run (default auto)")
     args, overrides = parse(ap, argv)
 
-
     try:  # before anything is stored or an earlier study archived: a plan or model that cannot run
         plan = load_plan(args.profile, overrides)
         check_model_source(plan)

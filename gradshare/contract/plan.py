@@ -583,7 +583,6 @@ def _apply(plan: Plan, overrides: dict) -> Plan:
     for key, raw in overrides.items():
         concern, _, name = key.partition(".")
         if concern not in hints or name not in hints[concern]:
-
             near = difflib.get_close_matches(key, plan_keys(), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             raise PlanError(f"unknown plan parameter {key!r}; {hint}known: {', '.join(plan_keys())}")

@@ -105,7 +105,6 @@ class Limits:
         return cls(**json.loads(path.read_text())) if path.exists() else None
 
     def started_now(self, now: float | None = None) -> "Limits":
-
         return replace(self, arm_start_epoch=time.time() if now is None else now)
 
 
@@ -194,7 +193,6 @@ def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
     """The model's trainable parameter shapes as prepare recorded them (`model_shapes.json`); a
     study prepared before they were recorded has them built on the meta device (about 5 s)."""
     from mlflow.exceptions import MlflowException
-
 
     try:
         recorded = json.loads(study_runs.download(prep.info.run_id, MODEL_SHAPES).read_text())

@@ -74,5 +74,4 @@ def scoring_dtype(plan) -> torch.dtype:
 
 
 def load_for_scoring(path: Path, plan, device):
-
     return load_model(path, dtype=scoring_dtype(plan)).to(device)

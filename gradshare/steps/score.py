@@ -38,7 +38,6 @@ from gradshare.util.jsonio import read_jsonl
 def score_study(study: str, parent_run) -> dict:
     import mlflow
 
-
     prep, plan = store.prepared_plan(study)
     commit_run, commitment = store.commitment(study)
     mlflow.set_tags({PLAN_SHA: plan.sha256(), COMMIT_RUN: commit_run.info.run_id})
@@ -80,10 +79,8 @@ def score_study(study: str, parent_run) -> dict:
 def _score_one(study, plan, name, model, tokenizer, cases, probes, device, load_s: float) -> dict:
     import mlflow
 
-
     print(f"[gradshare] scoring {name} on {len(cases)} test cases and {len(probes)} probes")
     with mlflow.start_run(nested=True, run_name=f"score-{name}") as run:
-
         mlflow.set_tags(study_runs.study_tags(study, "score", plan.sha256(), name) | process_tags())
         t0 = time.perf_counter()
         test_rows = score_test(model, tokenizer, cases, plan, device)
@@ -102,5 +99,4 @@ def _score_one(study, plan, name, model, tokenizer, cases, probes, device, load_
 
 
 def _line(row: dict) -> str:
-
     return json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n"

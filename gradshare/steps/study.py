@@ -63,7 +63,6 @@ def _ended(exc: Exception) -> str:
 
 
 def _arm_across(study: str, arm: str, plan) -> tuple[bool, float]:
-
     t0 = time.perf_counter()
     print(f"\n[gradshare] ── train arm={arm} across two emulated hosts, {plan.link.rate_mbit:g} Mbit/s", flush=True)
     # the driver stops the arm at the plan's limit; this one only catches a launch that never ends
@@ -74,7 +73,6 @@ def _arm_across(study: str, arm: str, plan) -> tuple[bool, float]:
 
 
 def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, str], hosts: str = "auto") -> dict:
-
 
     plan = load_plan(profile, overrides)  # refuse an impossible plan before anything runs
     connection.mlflow_run_keeps_the_steps_end()  # this process launches the steps: a refused one stays KILLED
@@ -92,7 +90,6 @@ def run_study(study: str, profile: str, new_study: bool, overrides: dict[str, st
     if not ok:
         raise SystemExit(f"prepare failed: see its run's {FAILURE}")
     if plan.infra.instance_ids:  # the hosts stop at the deadline even if this process dies
-
         guard = start_detached(study)
         print(f"[gradshare] guard started (pid {guard.pid}): stops {', '.join(plan.infra.instance_ids)} at the "
               f"deadline; its log: guard-{study}.log", flush=True)

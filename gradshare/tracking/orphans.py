@@ -38,7 +38,6 @@ def _scope() -> str:
     """Where a pid means one process: this network stack and boot (metering's host id) and
     this pid namespace (containers sharing a host's network still have pids of their own)."""
 
-
     try:
         pid_ns = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:

@@ -130,7 +130,6 @@ class Outbox:
         self._add({"kind": "tags", "values": {k: str(v) for k, v in values.items()}})
 
     def text(self, text: str, artifact_file: str) -> None:
-
         self._add({"kind": "text", "text": text, "artifact_file": safe_artifact_path(artifact_file)})
 
     def artifacts(self, local: str | Path, artifact_path: str | None = None) -> None:
@@ -417,7 +416,6 @@ class Outbox:
                 else:
                     c.log_artifact(self.run_id, str(local), rec["artifact_path"])
             elif kind == "end":
-
                 if rec["status"] == "FINISHED" and FAILURE in c.get_run(self.run_id).data.tags:
                     # an orphan sweep took the waiting run for dead; the arm in fact finished
                     c.delete_tag(self.run_id, FAILURE)

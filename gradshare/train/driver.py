@@ -318,7 +318,6 @@ class _Follower:
     stderr as they come; the rest stays in the log (and the run's `log/workers.txt`)."""
 
     def __init__(self, path: Path, every_s: float = 0.5):
-
         self.path, self.every_s, self.pos = path, every_s, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gradshare-log", daemon=True)

@@ -87,7 +87,6 @@ class Faults:
 
     def after_checkpoint(self) -> None:
         if self.kill_launcher:
-
             pid = int(os.environ[DRIVER_PID_ENV])
             print(f"[gradshare] fault injection ({KILL_LAUNCHER_ENV}): the launcher (pid {pid}) killed",
                   flush=True)

@@ -54,7 +54,6 @@ STARTED_AT = time.time()  # this process's first line after the interpreter and 
 
 
 def _load_docs(workdir: Path) -> dict[str, dict]:
-
     docs = {}
     for name in ("data/train_tasks.jsonl", "data/replay.jsonl"):
         for d in read_jsonl(workdir / name):
@@ -63,10 +62,8 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
 
 
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
-
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
-
 
     t_wall = time.perf_counter()
     beat = heartbeat.Heartbeat(workdir, int(os.environ.get("RANK", "0")))  # the train step watches it
@@ -113,7 +110,6 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
 
     box = None  # rank 0's records, through the outbox: a lost server stalls no update
     if rank == 0 and run_id:
-
         box = Outbox(run_id, plan.arms.tracking_grace_s, background=True)
 
     seen = []  # per-update hash of the document ids actually trained on, equal across arms
@@ -164,7 +160,6 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     # SIGINT wait (the agent stops rank 0 when a peer dies; the arm's result must not die with it).
     with signals_deferred() if rank == 0 else contextlib.nullcontext():
         if rank == 0:
-
             t0 = time.perf_counter()
             # into the run's outbox: on local disk before any upload, kept until the store has it
             ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
@@ -237,7 +232,6 @@ def main(argv=None) -> None:
     try:
         run(workdir, args.arm, args.run_id or None)
     except BaseException as exc:
-
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
         if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch,
                             workdir_files.WorkdirChanged)):  # `deadline: ...`, `out of device memory ...`

@@ -189,3 +189,40 @@ def test_train_opens_no_test_set_file(mlflow_server, tmp_path):
     opened = log.read_text().splitlines()
     assert any(p.endswith("train_tasks.jsonl") for p in opened)  # the audit sees real reads
     assert not [p for p in opened if "test_tasks" in p or "/eval/" in p or "probes" in p]
+
+
+def test_each_arm_is_scored_with_its_own_committed_weights(scored, tmp_path):
+    """One test case's answer and one probe's NLL recomputed here from each arm's committed
+    checkpoint equal that arm's per-case records (an arm scored with another arm's weights, say
+    the last one loaded, makes candidate-minus-control differences exactly zero)."""
+    import torch
+    from gradshare.data.documents import encode
+    from gradshare.data.tokenizer import load_tokenizer
+    from gradshare.model.evaluate import score_test
+    from gradshare.model.lm import load_model
+    from gradshare.tracking import store
+
+    prep = study_runs.prepare_run(scored)
+    tok = load_tokenizer(study_runs.download(prep.info.run_id, "inputs/tokenizer", tmp_path))
+    probe = read_jsonl(study_runs.download(prep.info.run_id, "inputs/eval/probes.jsonl", tmp_path))[0]
+    case = read_jsonl(study_runs.download(prep.info.run_id, "inputs/eval/test_tasks.jsonl", tmp_path))[0]
+    _, commitment = store.commitment(scored)
+    recomputed = {}
+    for entry in commitment["arms"]:
+        arm = entry["arm"]
+        model = load_model(study_runs.download(entry["run_id"], "checkpoint", tmp_path / arm))
+        [run] = study_runs.search(scored, "score", arm, status="FINISHED")
+        got = tmp_path / f"scored-{arm}"
+        tests = {r["case_id"]: r for r in read_jsonl(study_runs.download(run.info.run_id, "per_case/test.jsonl", got))}
+        probes = {r["probe_id"]: r for r in read_jsonl(study_runs.download(run.info.run_id, "per_case/retention.jsonl",
+                                                                            got))}
+        ids, mask = encode(tok, probe, PLAN.data.max_doc_tokens)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+        nll = [-logp[t - 1, ids[t]].item() for t in range(1, len(ids)) if mask[t]]
+        recomputed[arm] = sum(nll) / len(nll)
+        assert probes[probe["id"]]["nll_nats"] == pytest.approx(recomputed[arm], rel=1e-5), arm
+        [row] = score_test(model, tok, [case], PLAN, torch.device("cpu"), log=lambda *_: None)
+        assert tests[case["id"]]["prediction"] == row["prediction"], arm
+    # the check can tell the arms apart: PowerSGD's weights are not the plain arms'
+    assert abs(recomputed["powersgd"] - recomputed["single"]) > 1e-4, recomputed

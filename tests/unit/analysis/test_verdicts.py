@@ -216,3 +216,24 @@ def test_more_attempts_than_the_plan_permits_decide_nothing():
     v = compute(_with_attempts(record(), "powersgd", ["FAILED", "FINISHED"]))  # the plan permits 1
     for screen in ("quality_screen", "speed_screen"):
         assert v[screen]["pass"] is None and "arms.max_attempts=1" in v[screen]["reason"]
+
+
+def test_bytes_after_warm_up_cover_exactly_the_updates_after_the_plans_warm_up():
+    """Per-step byte histories with a distinct power of two per update: each sum names exactly the
+    updates it covers, so `>=` for `>` (the warm-up's last update counted) changes it."""
+    from dataclasses import replace
+
+    from gradshare.contract import metrics as M
+
+    warm = PLAN.powersgd.warmup_updates
+    updates = range(1, warm + 5)
+    rec = record()
+    hist = {M.LOGICAL_BYTES: [(u, float(2 ** u)) for u in updates],
+            M.WIRE_TX_BYTES: [(u, float(3 * 2 ** u)) for u in updates],
+            M.WIRE_RX_BYTES: [(u, float(5 * 2 ** u)) for u in updates]}
+    rec.arms["powersgd"] = replace(rec.arms["powersgd"], histories=hist, hosts=["h1", "h2"])
+    got = compute(rec)["cost"]["powersgd"]
+    after = sum(2 ** u for u in range(warm + 1, warm + 5))  # updates warm+1 .. warm+4, none before
+    assert got["logical_bytes_after_warmup"] == after
+    assert got["wire_tx_per_host_after_warmup"] == 3 * after / 2  # two hosts
+    assert got["wire_rx_per_host_after_warmup"] == 5 * after / 2

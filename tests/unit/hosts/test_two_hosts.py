@@ -1,7 +1,7 @@
 """Two emulated hosts (network namespaces, a tc-shaped veth link, `gradshare.hosts.netns`): the
 link runs at the plan's rate; `scripts/two_hosts.py` holds them and tears them down; nothing is
-left behind; where they cannot be made the study falls back to loopback and says why. (The first
-command's arms across them, metered: tests/e2e/test_two_hosts_study.py.)
+left behind; where they cannot be made the reason is named. (The study's choice of link: tests/unit/steps/test_emulated.py;
+the first command's arms across them, metered: tests/e2e/test_two_hosts_study.py.)
 
 Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`).
 """
@@ -102,34 +102,6 @@ def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
     assert "`tc` is not installed" in netns.unavailable()
-
-
-def test_without_namespaces_the_study_falls_back_to_loopback_and_says_why(monkeypatch):
-    from gradshare.steps import emulated
-    monkeypatch.setattr(netns, "unavailable", lambda: "network namespaces need root (this process is not root)")
-    link = emulated.choose_link("auto", PLAN)
-    assert not link.emulated
-    assert link.note == ("loopback: both ranks on one host, no byte crossed a link (network namespaces need "
-                         "root (this process is not root))")
-    asked = emulated.choose_link("loopback", PLAN)
-    assert not asked.emulated and asked.note.startswith("loopback: both ranks on one host, as asked (hosts=loopback)")
-    with pytest.raises(SystemExit, match="hosts=emulated: cannot make emulated hosts here: network namespaces"):
-        emulated.choose_link("emulated", PLAN)
-    with pytest.raises(SystemExit, match="choose one of auto, emulated, loopback"):
-        emulated.choose_link("namespaces", PLAN)
-
-
-def test_a_tracking_server_off_this_machine_keeps_the_arms_on_loopback(monkeypatch):
-    import mlflow
-
-    from gradshare.steps import emulated
-    monkeypatch.setattr(netns, "unavailable", lambda: None)
-    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "http://10.1.2.3:5000")
-    link = emulated.choose_link("auto", PLAN)
-    assert not link.emulated and "http://10.1.2.3:5000 is not on this machine's loopback" in link.note
-    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: "sqlite:///mlflow.db")
-    assert emulated.choose_link("auto", PLAN).emulated
-    assert emulated.choose_link("auto", PLAN).note.startswith("emulated: two hosts (network namespaces) joined by a 22")
 
 
 @needs_hosts

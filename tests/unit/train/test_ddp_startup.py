@@ -6,7 +6,7 @@ each time the old storage stays alive beside the new, a second full FP32 gradien
 1.7B) at the arm's reserved peak. Where the buckets are prebuilt (GPU, or graphs), no gradient
 exists when DDP is built, and none when it rebuilds: every gradient ends a view of its final
 bucket, where the static steps write. (That the same updates' losses follow: the two-rank
-packed-vs-by-count test in tests/unit/model/test_micro_batches.py.)
+packed-vs-by-count test in tests/unit/train/test_micro_batches.py.)
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import gradshare.train.loop as loop
 from gradshare.contract.plan import load_plan
 from gradshare.model.lm import build_model
 from gradshare.model.source import model_config
-from tests.unit.model.test_micro_batches import PACKED, SMALL, _inputs
+from tests.unit.train.test_micro_batches import PACKED, SMALL, _inputs
 
 
 def test_no_gradient_exists_when_ddp_builds_or_rebuilds_its_buckets(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from gradshare.model.lm import build_model
 from gradshare.model.source import model_config
 from gradshare.train import profiling
 from gradshare.train.loop import train
-from tests.unit.model.test_micro_batches import SMALL, _inputs
+from tests.unit.train.test_micro_batches import SMALL, _inputs
 
 
 def test_the_update_asked_for_is_profiled_and_no_other(tmp_path):

@@ -1,35 +1,34 @@
-"""Packed micro-batches, their static steps and the DDP arms' exchange pass compute the same
-update as the plain micro-batches of whole documents.
+"""The training loop (`gradshare.train.loop`) computes the same update however its documents are
+laid out, and the same update in every arm: packed micro-batches, their static steps and the DDP
+arms' exchange pass against the plain micro-batches of whole documents. (The layout itself, a
+packed document's losses and gradients against its own: tests/unit/model/test_batching.py.)
 
-- a document packed into a row beside others gets exactly the token losses and gradients it
-  gets alone (block-diagonal causal mask, positions restarting at 0);
+- single's losses and gradient norms equal dense's on two real gloo ranks, update by update,
+  on the same schedule (a loss scale off by the world size changes every one of them);
 - every arm (single; dense and powersgd on two real gloo ranks) trained for 4 updates on a
   schedule of tasks and conversations gives the same losses and gradient norms packed (through
   the static steps that are CUDA graphs on a GPU, and the exchange pass) as by count, and
   counts the same target tokens per update;
-- packing keeps every document once, within the row width, in a bounded set of shapes;
 - DDP's buckets are final before the first update (no rebuild moves the gradients later);
 - an arm out of device memory fails naming the cap, the update, the phase and the allocation.
 The GPU side (graph capture and replay, the allocator cap) runs in benchmarks/gpu_path.py.
 """
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from gradshare.data.documents import conversation_document, encode, target_tokens, task_document
+from gradshare.data.documents import conversation_document, target_tokens, task_document
 from gradshare.data.replay import load_conversations, render_conversation
 from gradshare.data.schedule import build_schedule, update_sha256
 from gradshare.data.tasks import FAMILIES, generate_splits
 from gradshare.data.tokenizer import load_tokenizer, train_bpe
-from gradshare.model.lm import TokenLoss, build_model, collate
+from gradshare.model.lm import TokenLoss, build_model
 from gradshare.model.source import model_config
 from gradshare.contract.plan import PlanError, load_plan
-from gradshare.model import batching
 from gradshare.train.loop import train
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
 from tests.two_ranks import run_two_ranks
@@ -105,66 +104,26 @@ def _same_updates(a: dict, b: dict) -> None:
     torch.testing.assert_close(torch.tensor(a["grad_norms"]), torch.tensor(b["grad_norms"]), rtol=1e-4, atol=0)
 
 
-def test_a_document_packed_beside_others_gets_the_losses_and_gradients_it_gets_alone(inputs_dir):
-    docs, tok, schedule = _inputs(inputs_dir)
-    ids = schedule["updates"][0]
-    encoded = {i: encode(tok, docs[i], WIDTH) for i in ids}
-    lengths = {i: len(e[0]) for i, e in encoded.items()}
-    model = build_model(model_config("tiny_qwen3.json", len(tok)), 3)
-    net = TokenLoss(model)
-
-    def grads_of(fn):
-        model.zero_grad(set_to_none=True)
-        total = fn()
-        total.backward()
-        return total.detach(), [p.grad.clone() for p in model.parameters()]
-
-    def plain():  # every document alone, one row each, padded to the longest
-        x, att, tgt = collate([encoded[i] for i in ids], tok.pad_token_id)
-        return net(x, att, tgt).sum()
-
-    mbs = batching.packed(ids, lengths, WIDTH, 4 * WIDTH)
-    assert sum(len(mb.rows) for mb in mbs) < len(ids)  # several documents share rows
-
-    def packed():
-        total = 0
-        for mb in mbs:
-            x = batching.collate(mb, encoded, tok.pad_token_id)
-            total = total + net(x["ids"], tgt=x["tgt"], seg=x["seg"], pos=x["pos"]).sum()
-        return total
-
-    want, want_grads = grads_of(plain)
-    got, got_grads = grads_of(packed)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
-    for g, w in zip(got_grads, want_grads):  # FP32 summation order: far under 1e-5 relative
-        assert float((g - w).norm() / w.norm()) < 1e-5
-
-
-def test_packing_keeps_every_document_once_within_the_row_in_a_few_shapes():
-    rng = random.Random(5)
-    # the study's mix: three quarters ~30-token tasks, the rest conversations up to the cut
-    lengths = {f"d{k:03d}": (rng.randint(12, 63) if k % 4 else rng.choice([512, rng.randint(10, 512)]))
-               for k in range(400)}
-    ids = list(lengths)
-    for budget in (512, 2048, 4096, 1536):
-        mbs = batching.packed(ids, lengths, 512, budget)
-        assert sorted(d for mb in mbs for d in mb.docs) == sorted(ids)
-        assert all(sum(lengths[d] for d in row) <= 512 for mb in mbs for row in mb.rows)
-        assert {mb.shape for mb in mbs} <= set(batching.shapes(512, budget))
-        assert all(len(mb.rows) <= mb.shape[0] <= budget // 512 for mb in mbs)
-        used = sum(lengths.values()) / sum(mb.shape[0] * mb.shape[1] for mb in mbs)
-        assert used > 0.8  # rows full to within a few documents
-    assert batching.shapes(512, 2048) == [(2, 512), (4, 512)]
-    assert batching.shapes(512, 1536) == [(2, 512), (3, 512)]
-    with pytest.raises(ValueError, match="more than a row"):
-        batching.pack_rows(["long"], {"long": 600}, 512)
-
-
 def test_single_trains_the_same_updates_packed_as_by_count(inputs_dir):
     by_count = _train("single", {}, inputs_dir)
     packed = _train("single", PACKED, inputs_dir)
     _same_updates(packed, by_count)
     assert packed["graphs"] == {"shapes": 2, "captured": 0, "failed": None}  # a CPU: no capture
+
+
+def test_single_and_dense_on_two_ranks_train_the_same_updates(two_rank_runs, inputs_dir):
+    """The same schedule, one process against two gloo ranks: every update's loss and gradient
+    norm agree to FP32 summation order. Each rank scales its loss by world / the update's target
+    tokens so that DDP's average is the update's sum; a slip to 1 / tokens halves dense's
+    gradient (its norm) but not the logged loss, and one that forgets DDP's average doubles it."""
+    single = _train("single", {}, inputs_dir)
+    for rank_out in two_rank_runs:  # every rank logs the update's loss
+        torch.testing.assert_close(torch.tensor(rank_out[("dense", "by-count")]["losses"]),
+                                   torch.tensor(single["losses"]), rtol=1e-5, atol=0)
+    dense = two_rank_runs[0][("dense", "by-count")]  # rank 0 reports the update's metrics
+    assert len(dense["grad_norms"]) == len(single["grad_norms"]) == UPDATES
+    torch.testing.assert_close(torch.tensor(dense["grad_norms"]), torch.tensor(single["grad_norms"]), rtol=1e-4, atol=0)
+    assert all(r[("dense", "by-count")]["tokens"] == single["tokens"] for r in two_rank_runs)  # the update's, summed
 
 
 @pytest.mark.parametrize("arm", ["dense", "powersgd"])
