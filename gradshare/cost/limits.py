@@ -36,7 +36,7 @@ from gradshare.contract.errors import Refusal
 from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
 from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
-from gradshare.cost.volume import GB, cross_zone_bytes, logical_bytes_per_exchange
+from gradshare.cost.volume import GB, cross_zone_bytes, exchange_bytes
 from gradshare.model.source import MODEL_SHAPES, parameter_shapes
 from gradshare.tracking import connection, study_runs
 
@@ -208,11 +208,8 @@ def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = 
         return 0.0
     if shapes is None:
         shapes = parameter_shapes(plan)
-    p = plan.powersgd
-    dense = logical_bytes_per_exchange(shapes, 4, None)
-    compressed = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
-    kind = plan.arm(arm)
-    per_update = [compressed if kind.compresses(u) else dense for u in range(1, plan.schedule.updates + 1)]
+    exchange, kind = exchange_bytes(plan, shapes), plan.arm(arm)
+    per_update = [exchange.of(kind, u) for u in range(1, plan.schedule.updates + 1)]
     return cross_zone_bytes(sum(per_update), plan.arms.processes(arm))
 
 

@@ -23,7 +23,7 @@ import json
 import statistics
 
 from gradshare.cost.accounting import host_price
-from gradshare.cost.volume import GB, WIRE_OVERHEAD, cross_zone_bytes, logical_bytes_per_exchange, ring_factor
+from gradshare.cost.volume import GB, WIRE_OVERHEAD, cross_zone_bytes, exchange_bytes, ring_factor
 from gradshare.contract import metrics as M
 from gradshare.contract import speed
 from gradshare.tracking import connection, study_runs
@@ -133,9 +133,7 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
     place of this module's compute-plus-exchange."""
     c, c_source = compute
     price = host_price(plan)
-    p = plan.powersgd
-    dense_b = logical_bytes_per_exchange(shapes, 4, None)
-    comp_b = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
+    exchange = exchange_bytes(plan, shapes)
     rows, total_s, total_usd = [], 0.0, 0.0
     for arm in plan.arms.names:
         if arm in done_arms:
@@ -146,7 +144,7 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
         kind = plan.arm(arm)
         cross = 0.0
         if hosts > 1 and len(set(plan.infra.zones[:hosts])) > 1:
-            cross = sum(cross_zone_bytes(comp_b if kind.compresses(u) else dense_b, hosts)
+            cross = sum(cross_zone_bytes(exchange.of(kind, u), hosts)
                         for u in range(1, plan.schedule.updates + 1))
         usd = hosts * seconds * price / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
         rows.append({"arm": arm, "seconds": seconds, "usd": usd, "cross_zone_GB": cross / GB})

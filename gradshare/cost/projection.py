@@ -43,7 +43,7 @@ from gradshare.cost import link as ML
 from gradshare.cost.volume import (
     GB,
     cross_zone_bytes,
-    logical_bytes_per_exchange,
+    exchange_bytes,
     wire_bytes_per_rank,
 )
 from gradshare.inputs import workload
@@ -67,16 +67,11 @@ class Hosts:
         self.measured = calibration
         self.cost = calibration.scaled_to(gpu_cost.declared_gpu(plan))
         self.workload_source = workload_source
-        shapes = parameter_shapes(plan)
-        p = plan.powersgd
-        self.dense_bytes = logical_bytes_per_exchange(shapes, 4, None)
-        self.compressed_bytes = logical_bytes_per_exchange(shapes, 4, p.rank, p.min_compression_rate)
+        self.exchange = exchange_bytes(plan, parameter_shapes(plan))
+        self.dense_bytes, self.compressed_bytes = self.exchange.dense, self.exchange.compressed
 
     def logical_bytes(self, arm: str, update: int) -> float:
-        kind = self.plan.arm(arm)
-        if not kind.is_ddp:
-            return 0.0
-        return self.compressed_bytes if kind.compresses(update) else self.dense_bytes
+        return self.exchange.of(self.plan.arm(arm), update)
 
     def update_s(self, arm: str, update: int, row: dict, world: int, rate_mbit: float, cost=None) -> float:
         cost = cost or self.cost

@@ -1,6 +1,7 @@
 """What an exchange puts on the wire: one formula for each quantity, used by the loop's metering,
 the budget check, the cost table and the projection alike.
 
+    exchange_bytes(plan, shapes).of(plan.arm("powersgd"), u)  # one rank's payload at update u
     logical_bytes_per_exchange(shapes, 4, rank)  # one rank's payload handed to one all-reduce
     wire_bytes_per_rank(logical, world)          # what a ring all-reduce sends (and receives) per rank
     cross_zone_bytes(logical, world)             # sent plus received by every host, hosts in two zones
@@ -11,6 +12,9 @@ much; on TCP/IP over Ethernet each 1,448 bytes of payload take 1,514 on the wire
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+GRADIENT_BYTES = 4  # every arm exchanges FP32 gradients (PowerSGD: FP32 P and Q)
 WIRE_OVERHEAD = 1514 / 1448
 GB = 1e9
 
@@ -78,3 +82,27 @@ def logical_bytes_per_exchange(param_shapes: list[tuple[int, ...]], element_byte
         compress, uncompressed, compressed = should_compress(n, m, r, min_compression_rate)
         elements += compressed if compress else uncompressed
     return elements * element_bytes
+
+
+@dataclass(frozen=True)
+class ExchangeBytes:
+    """One rank's logical bytes per exchange of the plan's model: the whole gradient (`dense`), and
+    PowerSGD's P and Q with the tensors it leaves uncompressed (`compressed`)."""
+    dense: int
+    compressed: int
+
+    def of(self, arm, update: int) -> int:
+        """What `arm` (`Plan.arm(name)`) exchanges at `update` (1-based): nothing in one process,
+        P and Q once PowerSGD compresses, the whole gradient otherwise (its warm-up included)."""
+        if not arm.is_ddp:
+            return 0
+        return self.compressed if arm.compresses(update) else self.dense
+
+
+def exchange_bytes(plan, param_shapes: list[tuple[int, ...]]) -> ExchangeBytes:
+    """The bytes per update of every arm of `plan` (its PowerSGD rank and compression rule) for a
+    model of `param_shapes`: the one figure the loop meters, the budget bills and the projection sends."""
+    p = plan.powersgd
+    return ExchangeBytes(dense=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, None),
+                         compressed=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, p.rank,
+                                                               p.min_compression_rate))

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradshare.contract import metrics as M
 from gradshare.contract.plan import Arm, Plan
-from gradshare.cost.volume import logical_bytes_per_exchange
+from gradshare.cost.volume import ExchangeBytes, exchange_bytes
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
 from gradshare.hosts.metering import (
@@ -304,8 +304,7 @@ class _Arm:
     autocast: object
     sync: Callable | None
     faults: object
-    plain_bytes: int  # logical bytes of one rank's exchange: the whole gradient
-    compressed_bytes: int  # ... PowerSGD's P, Q and the tensors it leaves uncompressed
+    exchange: ExchangeBytes  # logical bytes of one rank's exchange, per update
     log: Callable
 
 
@@ -358,8 +357,7 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
         # next update, where they overlap its forward.
         sync=torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None,
         faults=F.from_env(),
-        plain_bytes=logical_bytes_per_exchange(shapes, 4, None),
-        compressed_bytes=logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate),
+        exchange=exchange_bytes(plan, shapes),
         log=log)
 
 
@@ -443,7 +441,7 @@ def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_do
     """The update's bytes and totals on every rank; on rank 0 its metrics, the limits' decision
     and the tracking's answer, and the progress line. Returns rank 0's reason to stop, if any."""
     compressed = a.arm.compresses(u)
-    step_bytes = 0 if not a.arm.is_ddp else (a.compressed_bytes if compressed else a.plain_bytes)
+    step_bytes = a.exchange.of(a.arm, u)
     res.losses.append(out.loss)
     res.active_s += out.seconds
     res.tokens += out.tokens

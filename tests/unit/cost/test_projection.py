@@ -225,3 +225,18 @@ def test_the_link_benchmark_refits_a_recorded_result(tmp_path):
     bad = subprocess.run([sys.executable, "benchmarks/link_rates.py", "--rates", "abc"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--rates" in bad.stderr
+
+
+def test_one_function_gives_every_arms_bytes_per_update_for_the_loop_the_budget_and_the_projection():
+    from gradshare.cost.volume import exchange_bytes, logical_bytes_per_exchange
+
+    plan = load_plan("tiny", {"powersgd.warmup_updates": "3"})
+    shapes = [(64, 32), (32,), (128, 64)]
+    b = exchange_bytes(plan, shapes)
+    assert b.dense == 4 * (64 * 32 + 32 + 128 * 64)
+    assert b.compressed == logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
+    assert b.compressed < b.dense
+    assert [b.of(plan.arm("single"), u) for u in (1, 4)] == [0, 0]
+    assert [b.of(plan.arm("dense"), u) for u in (1, 3, 4)] == [b.dense] * 3
+    # the warm-up's last update is still a plain all-reduce; compression starts the update after
+    assert [b.of(plan.arm("powersgd"), u) for u in (1, 3, 4)] == [b.dense, b.dense, b.compressed]
