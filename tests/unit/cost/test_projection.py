@@ -231,9 +231,9 @@ def test_one_function_gives_every_arms_bytes_per_update_for_the_loop_the_budget_
     from gradshare.cost.volume import exchange_bytes, logical_bytes_per_exchange
 
     plan = load_plan("tiny", {"powersgd.warmup_updates": "3"})
-    shapes = [(64, 32), (32,), (128, 64)]
+    shapes = [(512, 256), (256,), (1024, 512)]
     b = exchange_bytes(plan, shapes)
-    assert b.dense == 4 * (64 * 32 + 32 + 128 * 64)
+    assert b.dense == 4 * (512 * 256 + 256 + 1024 * 512)
     assert b.compressed == logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
     assert b.compressed < b.dense
     assert [b.of(plan.arm("single"), u) for u in (1, 4)] == [0, 0]
