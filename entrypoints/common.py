@@ -70,11 +70,17 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
     if rest and not overrides_allowed:
         parser.error(f"unexpected {' '.join(rest)}: this step takes its plan from the prepare run; "
                      "plan overrides belong to prepare")
+    return args, plan_overrides(parser, rest)
+
+
+def plan_overrides(parser: argparse.ArgumentParser, rest: list[str]) -> dict[str, str]:
+    """`--concern.field VALUE` and `--concern.field=VALUE` alike, as {field: value}; anything
+    else is the parser's error (the one parser of every command that takes plan fields)."""
     overrides: dict[str, str] = {}
     i = 0
     while i < len(rest):
         key = rest[i]
-        if not key.startswith("--") or "." not in key:
+        if not key.startswith("--") or "." not in key.split("=", 1)[0]:
             parser.error(f"unexpected argument {key!r}: plan overrides look like --concern.field VALUE")
         if "=" in key:
             k, v = key[2:].split("=", 1)
@@ -85,7 +91,7 @@ def parse(parser: argparse.ArgumentParser, argv=None, overrides_allowed: bool = 
             k, v = key[2:], rest[i + 1]
             i += 2
         overrides[k] = v
-    return args, overrides
+    return overrides
 
 
 def truthy(value: str | bool) -> bool:

@@ -3,14 +3,8 @@
     gradshare guard --study gradshare-full            # waits until the deadline, then stops them
     gradshare guard --study gradshare-full --now      # stops them at once
 
-The instances and region are the plan's (`infra.instance_ids`, `infra.aws_region`); the
-deadline is the study's start (prepare) + `infra.deadline_hours`. `study` starts a guard in
-a session of its own when the plan names instances, so that a study that dies still has
-its hosts stopped. The guard is an MLflow run of the study (step `guard`): RUNNING while it
-waits, then FINISHED with the stop request's answer (each instance's state before and after)
-in its tags and `guard.json`, or FAILED with the reason. Credentials come only from boto3's
-standard chain (environment, profile, instance role) and are never logged; the endpoint may
-be redirected with `AWS_ENDPOINT_URL` (the tests point it at a local moto server).
+Which instances, when, the run it keeps and where its credentials come from:
+`gradshare.cost.guard`.
 """
 from __future__ import annotations
 

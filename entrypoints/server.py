@@ -1,18 +1,12 @@
 """`gradshare server`: the MLflow tracking server a study logs to, its artifacts where the plan
-says (`infra.artifact_destination`, e.g. s3://bucket/prefix), bound to 127.0.0.1 unless told.
+says (`infra.artifact_destination`), bound to 127.0.0.1 unless told.
 
     gradshare server                                     # 127.0.0.1:5000, sqlite:///mlflow.db, ./mlartifacts
     gradshare server --profile full --host 10.0.0.5     # the main host's address, for the second host
-    # artifacts in S3: the server alone needs AWS credentials (boto3's standard chain); the
-    # hosts talk only HTTP to it (`mlflow-artifacts:` proxying)
-
-    # with MLflow's basic-auth app: the admin's name and password from the environment
+    gradshare server --infra.artifact_destination=s3://bucket/prefix   # plan fields, either form
     GRADSHARE_SERVER_USER=admin GRADSHARE_SERVER_PASSWORD=... gradshare server --auth
-    # clients then authenticate with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD
 
-It runs `mlflow server` in the foreground (Ctrl-C stops it). The credentials never reach a
-command line or a log: they go into the auth app's config file, private to this user
-(mode 0600), in a directory of its own.
+What it runs, S3, and where the basic-auth app keeps its credentials: `gradshare.tracking.server`.
 """
 from __future__ import annotations
 
@@ -20,7 +14,8 @@ import argparse
 import os
 import secrets
 
-from gradshare.contract.plan import load_plan
+from entrypoints.common import plan_overrides
+from gradshare.contract.plan import PlanError, load_plan
 from gradshare.tracking.server import (
     NO_JOBS,
     PASSWORD_ENV,
@@ -53,9 +48,12 @@ def main(argv=None) -> None:
                                                         f"${PASSWORD_ENV}")
     ap.add_argument("--auth-dir", default=".gradshare-auth", help="where the auth app keeps its config and users")
     ap.add_argument("--print", action="store_true", help="print the command instead of running it")
-    args, overrides = ap.parse_known_args(argv)
-    plan_overrides = dict(zip([k[2:] for k in overrides[::2]], overrides[1::2]))
-    cmd = command(load_plan(args.profile, plan_overrides), args.host, args.port, args.backend_store_uri,
+    args, rest = ap.parse_known_args(argv)
+    try:
+        plan = load_plan(args.profile, plan_overrides(ap, rest))
+    except PlanError as exc:
+        ap.error(" ".join(str(exc).split()))
+    cmd = command(plan, args.host, args.port, args.backend_store_uri,
                   auth=args.auth)
     if args.auth:
         os.environ["MLFLOW_AUTH_CONFIG_PATH"] = auth_config(os.path.abspath(args.auth_dir))

@@ -1,21 +1,9 @@
-"""An arm's records on local disk until the tracking server has them: nothing is lost when
-the server goes away in the middle of an arm.
-
-Everything an arm records (each update's metrics, parameters, tags, full states, the
-summary and checkpoint, the run's end) goes through an `Outbox`. A record is appended to
-the run's journal first (`<outbox>/<run id>/journal.jsonl`, one JSON line each, flushed
-to disk), then sent. While the server does not answer, records wait in the journal and
-training goes on; when it answers again they are sent in order, with the times they were
-made. A server gone longer than the plan's `arms.tracking_grace_s` ends the arm after a
-whole update (`ServerLost`): the journal then holds everything, files copied beside it,
-and a documented command delivers it later:
+"""`gradshare upload`: deliver what arms kept on local disk while the tracking server was gone.
 
     gradshare upload                          # every journal under ./gradshare-outbox
     gradshare upload gradshare-outbox/<run id> [--tracking-uri http://host:5000]
 
-The outbox directory is `$GRADSHARE_OUTBOX`, else `gradshare-outbox` in the working
-directory. A record is sent at most once: `delivered` counts the journal lines the server
-has, and moves only after the server said yes.
+The journal, its order and its at-most-once delivery: `gradshare.tracking.outbox`.
 """
 from __future__ import annotations
 
