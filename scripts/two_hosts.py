@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gradshare.hosts import netns  # noqa: E402
-from gradshare.contract.plan import LinkPlan  # noqa: E402
+from gradshare.contract.hosts_plan import LinkPlan  # noqa: E402
 from gradshare.contract.tags import FAILURE  # noqa: E402
 
 

@@ -22,6 +22,9 @@ import json
 import typing
 from dataclasses import dataclass, field
 
+from gradshare.contract.hosts_plan import InfraPlan, LinkPlan, PreflightPlan, socket_counts
+from gradshare.contract.profiles import PROFILES
+
 # The three kinds of arm the study knows; a plan runs some or all of them (`arms.names`).
 ARM_KINDS = ("single", "dense", "powersgd")
 
@@ -61,6 +64,9 @@ class StudyPlan:
     """`tiny` (CPU, minutes), `smoke` (CPU, about two minutes) or `full` (the 1.7B study on GPUs)."""
     seed: int = 20261202
     """The one screening seed: data generation, schedule order, model init, RNG."""
+
+    def problems(self, plan: "Plan") -> list[str]:
+        return [] if self.profile in PROFILES else [f"study.profile={self.profile!r} is not one of {sorted(PROFILES)}"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,33 @@ class ArmsPlan:
         return {"single": self.single_processes, "dense": self.dense_processes,
                 "powersgd": self.powersgd_processes}[arm]
 
+    def problems(self, plan: "Plan") -> list[str]:
+        out, s = [], plan.schedule
+        for arm in self.names:
+            if arm not in ARM_KINDS:
+                out.append(f"arms.names holds unknown arm {arm!r}")
+                continue
+            world = self.processes(arm)
+            if world < 1:
+                out.append(f"arms.{arm}_processes must be >= 1")
+            elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
+                    s.docs_per_update % (world * s.micro_batch_docs) != 0:
+                out.append(f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
+                           f"arms.{arm}_processes={world} ranks in micro-batches of "
+                           f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
+                           f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
+        if self.max_attempts < 1:
+            out.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
+        if self.expected_update_s <= 0 or self.startup_s <= 0 or self.timeout_margin < 1:
+            out.append("arms.expected_update_s and arms.startup_s must be > 0 and arms.timeout_margin >= 1")
+        if self.stall_s <= 0 or self.hang_updates <= 0:
+            out.append(f"arms.stall_s={self.stall_s:g} and arms.hang_updates={self.hang_updates:g} must be > 0 "
+                       f"(the bounds within which a stopped or hung rank ends the arm)")
+        if self.candidate not in self.names:
+            out.append(f"arms.candidate={self.candidate!r} is not in arms.names")
+        out += [f"arms.controls holds {c!r}, which is not in arms.names" for c in self.controls if c not in self.names]
+        return out
+
 
 @dataclass(frozen=True)
 class DataPlan:
@@ -134,6 +167,10 @@ class DataPlan:
     max_doc_tokens: int = 128
     """Documents are truncated to this many tokens (prompt + target)."""
 
+    def problems(self, plan: "Plan") -> list[str]:
+        return [f"data.{name} must be >= 1" for name in ("train_per_family", "test_per_family", "retention_probes")
+                if getattr(self, name) < 1]
+
 
 @dataclass(frozen=True)
 class SchedulePlan:
@@ -149,6 +186,22 @@ class SchedulePlan:
     each attending only to itself, positions restarting at 0: the same function), and rows into
     micro-batches of at most this many tokens; row counts are padded to powers of two, so that
     compilation and CUDA graphs see a small fixed set of shapes (`gradshare.model.batching`)."""
+
+    def problems(self, plan: "Plan") -> list[str]:
+        out, d = [], plan.data
+        if self.updates < 1 or self.docs_per_update < 1 or self.micro_batch_docs < 1:
+            out.append("schedule.updates, schedule.docs_per_update and schedule.micro_batch_docs must be >= 1")
+        elif self.updates * self.docs_per_update != plan.train_docs:
+            out.append(f"schedule.updates x schedule.docs_per_update = {self.updates} x {self.docs_per_update} = "
+                       f"{self.updates * self.docs_per_update}, but the training documents number "
+                       f"{len(d.families)} families x data.train_per_family {d.train_per_family} + "
+                       f"data.replay_docs {d.replay_docs} = {plan.train_docs}; each document is used exactly once")
+        if self.micro_batch_tokens < 0:
+            out.append("schedule.micro_batch_tokens must be >= 0 (0: micro-batches of schedule.micro_batch_docs)")
+        elif 0 < self.micro_batch_tokens < d.max_doc_tokens:
+            out.append(f"schedule.micro_batch_tokens={self.micro_batch_tokens} holds no row of "
+                       f"data.max_doc_tokens={d.max_doc_tokens}: choose at least that many")
+        return out
 
 
 @dataclass(frozen=True)
@@ -166,6 +219,11 @@ class ModelPlan:
     pretrain_lr: float = 3e-3
     """Pre-training AdamW learning rate."""
 
+    def problems(self, plan: "Plan") -> list[str]:
+        if self.source == "tiny" and self.pretrain_steps < 1:
+            return ["model.source=tiny needs model.pretrain_steps >= 1 so that the probes are exposed"]
+        return []
+
 
 @dataclass(frozen=True)
 class OptimPlan:
@@ -179,6 +237,9 @@ class OptimPlan:
     weight_decay: float = 0.1
     clip_norm: float = 1.0
     """Global gradient-norm clip, applied to the communicated (decompressed) gradient."""
+
+    def problems(self, plan: "Plan") -> list[str]:
+        return []  # every value of each field can be run
 
 
 @dataclass(frozen=True)
@@ -204,6 +265,32 @@ class PowerSGDPlan:
     twice; equals QR up to column signs for full-rank P, which P Q^T does not see). `fast` hook only."""
     staging_mb: int = 1024
     """`fast` hook: device memory the FP32 error may hold in flight to and from the host."""
+
+    def problems(self, plan: "Plan") -> list[str]:
+        out = []
+        if self.rank < 1:
+            out.append("powersgd.rank must be >= 1")
+        if (self.warm_start or self.error_feedback != "none") and self.warmup_updates < 2:
+            # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
+            # DDP rebuilds its buckets after the first exchange.
+            out.append("powersgd.warmup_updates must be >= 2 when warm start or error feedback is on")
+        if self.warmup_updates >= plan.schedule.updates:
+            out.append(f"powersgd.warmup_updates={self.warmup_updates} leaves no compressed update "
+                       f"within schedule.updates={plan.schedule.updates}")
+        if self.error_feedback not in ("fp32-host", "device", "none"):
+            out.append(f"powersgd.error_feedback={self.error_feedback!r} is not fp32-host, device or none")
+        if self.hook not in ("upstream", "fast"):
+            out.append(f"powersgd.hook={self.hook!r} is not upstream or fast")
+        elif self.hook == "fast" and self.error_feedback != "fp32-host":
+            out.append(f"powersgd.hook=fast keeps the error on the host: it needs "
+                       f"powersgd.error_feedback=fp32-host, not {self.error_feedback!r}")
+        if self.orthogonalization not in ("qr", "cholesky-qr2"):
+            out.append(f"powersgd.orthogonalization={self.orthogonalization!r} is not qr or cholesky-qr2")
+        elif self.orthogonalization != "qr" and self.hook != "fast":
+            out.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
+        if self.staging_mb < 1 or self.bucket_cap_mb < 1:
+            out.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
+        return out
 
 
 @dataclass(frozen=True)
@@ -254,6 +341,36 @@ class HardwarePlan:
     """The network interface the arms' sockets use (`NCCL_SOCKET_IFNAME`, `GLOO_SOCKET_IFNAME`);
     "": the libraries' own choice, or the environment's."""
 
+    def problems(self, plan: "Plan") -> list[str]:
+        out, cuda = [], self.device == "cuda"
+        if self.sockets != "auto" and socket_counts(self.sockets) is None:
+            out.append(f"hardware.sockets={self.sockets!r} is not TxS with T, S >= 1 and T x S <= 64 (NCCL's "
+                       f"limit), nor auto")
+        if self.threads_per_process < 0:
+            out.append("hardware.threads_per_process must be >= 0 (0: the launcher's and torch's defaults)")
+        if self.cuda_graphs and plan.schedule.micro_batch_tokens == 0:
+            out.append("hardware.cuda_graphs needs schedule.micro_batch_tokens > 0: a graph replays one "
+                       "fixed shape, and only packed micro-batches come in a bounded set of shapes")
+        if self.max_device_gib < 0:
+            out.append("hardware.max_device_gib must be >= 0 (0: no cap)")
+        if self.loss_chunk_tokens < 0:
+            out.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
+        if (self.compile or self.fused_adamw) and not cuda:
+            out.append("hardware.compile and hardware.fused_adamw are GPU levers: they need hardware.device=cuda")
+        if self.rehearsal not in ("", "one-gpu"):
+            out.append(f"hardware.rehearsal={self.rehearsal!r} is not one-gpu (or empty: the study itself)")
+        elif self.rehearsal and not cuda:
+            out.append("hardware.rehearsal=one-gpu puts both processes of a two-process arm on one CUDA GPU: "
+                       "it needs hardware.device=cuda (on a CPU the two-process arms already run as two "
+                       "processes, over loopback or two emulated hosts)")
+        if self.device not in ("cpu", "cuda"):
+            out.append(f"hardware.device={self.device!r} is not cpu or cuda")
+        if self.precision not in ("fp32", "bf16-autocast"):
+            out.append(f"hardware.precision={self.precision!r} is not fp32 or bf16-autocast")
+        if self.precision == "bf16-autocast" and not cuda:
+            out.append("hardware.precision=bf16-autocast needs hardware.device=cuda")
+        return out
+
 
 @dataclass(frozen=True)
 class ScoringPlan:
@@ -261,6 +378,9 @@ class ScoringPlan:
     """Greedy generation budget per test case."""
     batch_size: int = 64
     """Cases per generation batch (left padding, KV cache)."""
+
+    def problems(self, plan: "Plan") -> list[str]:
+        return []  # every value of each field can be run
 
 
 @dataclass(frozen=True)
@@ -278,103 +398,10 @@ class ScreenPlan:
     speed_baseline: str = "single"
     """The arm whose active throughput the speed screen compares the candidate with."""
 
-
-@dataclass(frozen=True)
-class InfraPlan:
-    instance_type: str = "g6e.2xlarge"
-    gpu: str = "NVIDIA L40S 48GB"
-    hosts: tuple[str, ...] = ("host-a", "host-b")
-    zones: tuple[str, ...] = ("us-east-1a", "us-east-1b")
-    """Zone of each host; hosts in different zones pay cross-zone transfer."""
-    usd_per_host_hour: float = 2.24208
-    """On-demand price in us-east-1 as planned (declared, overridable)."""
-    price_date: str = "2026-12-02"
-    """Date the declared price was taken."""
-    cross_zone_usd_per_gb: float = 0.01
-    """Billed in each direction."""
-    cpu_host: str = "m7i.large (2 vCPU, 8 GiB), us-east-1, on demand"
-    """What a CPU run (the tiny profile's emulation) is priced as: a host like the one it ran on."""
-    cpu_usd_per_host_hour: float = 0.1008
-    """Declared price of `cpu_host` on `price_date`; the study's hosts appear beside it as a projection."""
-    deadline_hours: float = 6.0
-    budget_usd: float = 100.0
-    # --- AWS, optional (`gradshare guard`, `gradshare server`, prepare's price refresh) ---
-    aws_region: str = ""
-    """Region of the study's instances; empty: no AWS calls at all."""
-    instance_ids: tuple[str, ...] = ()
-    """EC2 instances `gradshare guard` stops at the deadline (`study` starts a guard when set)."""
-    artifact_destination: str = ""
-    """Where `gradshare server` keeps artifacts (e.g. s3://bucket/prefix); empty: its local folder."""
-    refresh_prices: bool = False
-    """Prepare asks the AWS Price List API for `instance_type`'s on-demand price; on any
-    failure the declared figure stands, with a warning."""
-    # --- the study's hosts as the projection (`gradshare.cost.projection`) assumes them ---
-    link_gbit: float = 20.0
-    """Cross-zone bandwidth of one host, each way: AWS lists g6e.2xlarge at "up to 20 Gigabit"
-    (EC2 G6e instance table), a ceiling, so projections from it are the most favourable."""
-    gpu_dense_tflops: float = 362.0
-    """L40S dense BF16 tensor rate, NVIDIA's L40S datasheet (733 is with sparsity)."""
-    gpu_memory_gbps: float = 864.0
-    """L40S device memory bandwidth, GB/s, NVIDIA's L40S datasheet: what the memory-bound parts of
-    an update (gradient additions, AdamW, clip, PowerSGD's passes) scale by (`gradshare.cost.gpu_cost`)."""
-    host_pinned_both_gbps: float = 47.0
-    """Pinned host <-> GPU copies of the study's host, both directions at once, GB/s together: the
-    L40S sits on PCIe Gen4 x16, 64 GB/s both ways (L40S datasheet); the H200 machine's Gen5 x16
-    (128 GB/s) gave 93.7 of it in the 2026-12-04 benchmark, 73%, so 64 x 0.73. PowerSGD's FP32
-    host error crosses it twice per compressed update. Not measured on an L40S host."""
-    host_pinned_uncertainty: float = 0.3
-    """The projection's verdicts are recomputed at this fraction below and above
-    `host_pinned_both_gbps`; where they flip, the output says so."""
-
-
-@dataclass(frozen=True)
-class LinkPlan:
-    """The link between the two emulated hosts of a CPU run (`gradshare.hosts.netns`).
-
-    Its rate is chosen so that the tiny dense exchange costs the same multiple of one
-    rank's compute per update as the study's does:
-
-    study (full profile, one L40S per host, hosts in two zones):
-      exchange  6.9 GB (the FP32 gradient of 1.72e9 parameters; each of two ring all-reduce
-                ranks sends and receives its logical volume once) over `infra.link_gbit`
-                = 20 Gbit/s: 6.9e9 x 8 / 20e9 = 2.76 s
-      compute   one rank's half of an update, 16 documents x 512 tokens = 8,192 tokens at
-                6 x 1.72e9 FLOP per token = 8.45e13 FLOP, on an L40S at `infra.gpu_dense_tflops`
-                = 362 TFLOP/s at an assumed 40% of it: 8.45e13 / 1.45e14 = 0.58 s
-      multiple  2.76 / 0.58 = 4.7
-    tiny (this profile, one CPU thread per process):
-      compute   one rank's half of an update, 16 documents x 128 tokens (the truncation
-                length, as 512 is the study's), forward, backward and AdamW on the
-                1,443,328-parameter model: 0.44 s measured on the 2-core machine this was
-                written on (torch.set_num_threads(1))
-      exchange  1,443,328 x 4 = 5.77 MB = 46.2 Mbit, to take 4.7 x 0.44 = 2.1 s
-      rate      46.2 / 2.1 = 22 Mbit/s
-    Both sides are counted at full-length documents, as the design's anchors are. The tiny
-    study's own documents are shorter (about 51 tokens on average): there one rank's half of
-    an update measured 0.20 s (the single arm at one thread, median 0.40 s per update over
-    128 updates), so the dense exchange is about 10x that compute; how much shorter than 512
-    the study's documents are is not measured yet.
-    A faster CPU makes the tiny compute shorter and the same link relatively slower: the
-    multiple, not the rate, is what carries over; set the rate at prepare to keep it.
-    """
-    rate_mbit: float = 22.0
-    """Rate of each direction of the emulated hosts' link, Mbit/s (tc tbf on both ends)."""
-
-
-@dataclass(frozen=True)
-class PreflightPlan:
-    """What `gradshare preflight` measures on the hosts before any arm (`gradshare.steps.preflight`)."""
-    sustain_s: float = 60.0
-    """Seconds each socket setting all-reduces the arms' buffers back to back: long enough that an
-    instance's "up to" burst runs out and its baseline shows."""
-    window_s: float = 10.0
-    """The first and the last this many seconds are compared: a burst shows as a first window
-    faster than the last."""
-    sockets: tuple[str, ...] = ("1x1", "2x2", "4x4")
-    """The socket settings measured (`hardware.sockets`' form)."""
-    upload_mb: int = 1024
-    """Megabytes uploaded to the tracking server's artifact store, timed and projected to the
-    checkpoint's size."""
+    def problems(self, plan: "Plan") -> list[str]:
+        out = [] if self.speed_baseline in plan.arms.names else [
+            f"screen.speed_baseline={self.speed_baseline!r} is not in arms.names"]
+        return out + (["screen.z must be > 0"] if self.z <= 0 else [])
 
 
 @dataclass(frozen=True)
@@ -436,71 +463,6 @@ class Plan:
     @property
     def test_cases(self) -> int:
         return len(self.data.families) * self.data.test_per_family
-
-
-# The full profile differs only where a 1.7B model on GPUs needs it to.
-PROFILES: dict[str, dict[str, str]] = {
-    "tiny": {},
-    # The study's shape (four families, three arms, warm-up before compression, rank 32, global
-    # normalisation) at the smallest counts that still exercise every step: 4 x 12 + 16 = 64
-    # documents = 8 updates x 8, compression from update 3, a 512-token vocabulary. The whole
-    # study in about two minutes on 2 cores; the test suite's small studies are this profile.
-    "smoke": {
-        "study.profile": "smoke",
-        "data.train_per_family": "12", "data.test_per_family": "8", "data.replay_docs": "16",
-        "data.retention_probes": "8", "data.pretrain_docs": "32", "schedule.updates": "8",
-        "schedule.docs_per_update": "8", "schedule.micro_batch_docs": "2", "model.pretrain_steps": "12",
-        "model.vocab_size": "512", "powersgd.warmup_updates": "2", "scoring.max_new_tokens": "8",
-    },
-    "full": {
-        "study.profile": "full",
-        "model.source": "random-qwen3-1.7b",
-        "model.config": "qwen3_1p7b.json",
-        "model.pretrain_steps": "0",
-        "data.pretrain_docs": "0",
-        "data.max_doc_tokens": "512",
-        "optim.lr": "2e-5",
-        "hardware.device": "cuda",
-        "hardware.precision": "bf16-autocast",
-        "hardware.deterministic": "false",
-        "hardware.threads_per_process": "0",
-        # An L40S update at 32 x 512 tokens plus a 6.9 GB cross-zone exchange is seconds, and
-        # loading or initialising 1.7B parameters and writing 3.4 GB of weights is minutes.
-        "arms.expected_update_s": "8",
-        "arms.startup_s": "1200",
-        "arms.expected_startup_s": "300",
-        "scoring.batch_size": "128",
-        # Where documents are not packed (micro_batch_tokens=0): 8 per micro-batch.
-        "schedule.micro_batch_docs": "8",
-        # The study's documents (median ~3,400 tokens per update: ~30-token tasks, conversations
-        # up to 512) packed into rows of 512, at most 4 rows per micro-batch, each shape captured
-        # as a CUDA graph: single 0.136 s/update on an H200 (0.512 s with 8 whole documents per
-        # micro-batch, 0.168 s packed without graphs), 35.3 GiB reserved under the 44 GiB cap.
-        # 4,096 tokens: 0.122 s but 42.1 GiB, no room for PowerSGD's arm (BENCHMARKS.md, 2026-12-04).
-        "schedule.micro_batch_tokens": "2048",
-        "hardware.cuda_graphs": "true",
-        "hardware.max_device_gib": "44",
-        # Speed levers measured in benchmarks/gpu_path.py (BENCHMARKS.md); each computes the
-        # same function as the plain path, so the tiny profile keeps the plain one.
-        # CholeskyQR2 and 2 GB of error staging measured slower than QR and 512 MB (2026-12-04).
-        "hardware.compile": "true",
-        "hardware.fused_adamw": "true",
-        "hardware.gradient_as_bucket_view": "true",
-        "hardware.loss_chunk_tokens": "2048",
-        "powersgd.hook": "fast",
-        "powersgd.bucket_cap_mb": "200",
-        "powersgd.staging_mb": "512",
-    },
-}
-
-
-def socket_counts(setting: str) -> tuple[int, int] | None:
-    """`TxS` as (threads, sockets per thread), or None where it is not one NCCL accepts."""
-    try:
-        t, s = (int(x) for x in setting.lower().split("x"))
-    except ValueError:
-        return None
-    return (t, s) if t >= 1 and s >= 1 and t * s <= 64 else None
 
 
 def canonical_json(obj) -> str:
@@ -592,117 +554,9 @@ def _apply(plan: Plan, overrides: dict) -> Plan:
 
 
 def validate(plan: Plan) -> Plan:
-    """Refuse impossible combinations with a message that names them."""
-    problems = []
-    s, d, a, p = plan.schedule, plan.data, plan.arms, plan.powersgd
-    if plan.study.profile not in PROFILES:
-        problems.append(f"study.profile={plan.study.profile!r} is not one of {sorted(PROFILES)}")
-    if s.updates < 1 or s.docs_per_update < 1 or s.micro_batch_docs < 1:
-        problems.append("schedule.updates, schedule.docs_per_update and schedule.micro_batch_docs must be >= 1")
-    elif s.updates * s.docs_per_update != plan.train_docs:
-        problems.append(
-            f"schedule.updates x schedule.docs_per_update = {s.updates} x {s.docs_per_update} = "
-            f"{s.updates * s.docs_per_update}, but the training documents number "
-            f"{len(d.families)} families x data.train_per_family {d.train_per_family} + "
-            f"data.replay_docs {d.replay_docs} = {plan.train_docs}; each document is used exactly once")
-    for arm in a.names:
-        if arm not in ARM_KINDS:
-            problems.append(f"arms.names holds unknown arm {arm!r}")
-            continue
-        world = a.processes(arm)
-        if world < 1:
-            problems.append(f"arms.{arm}_processes must be >= 1")
-        elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
-                s.docs_per_update % (world * s.micro_batch_docs) != 0:
-            problems.append(
-                f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
-                f"arms.{arm}_processes={world} ranks in micro-batches of "
-                f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
-                f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
-    if a.max_attempts < 1:
-        problems.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
-    if a.expected_update_s <= 0 or a.startup_s <= 0 or a.timeout_margin < 1:
-        problems.append("arms.expected_update_s and arms.startup_s must be > 0 and "
-                        "arms.timeout_margin >= 1")
-    for setting in (plan.hardware.sockets, *plan.preflight.sockets):
-        if setting != "auto" and socket_counts(setting) is None:
-            problems.append(f"socket setting {setting!r} (hardware.sockets, preflight.sockets) is not TxS with T, S >= 1 "
-                            f"and T x S <= 64 (NCCL's limit), nor auto")
-    if "auto" in plan.preflight.sockets or not plan.preflight.sockets:
-        problems.append("preflight.sockets lists the settings to measure: TxS each, at least one")
-    if plan.preflight.sustain_s <= 0 or plan.preflight.window_s <= 0 or plan.preflight.upload_mb < 0:
-        problems.append("preflight.sustain_s and preflight.window_s must be > 0, preflight.upload_mb >= 0")
-    if a.stall_s <= 0 or a.hang_updates <= 0:
-        problems.append(f"arms.stall_s={a.stall_s:g} and arms.hang_updates={a.hang_updates:g} must be > 0 (the bounds "
-                        f"within which a stopped or hung rank ends the arm)")
-    if plan.screen.speed_baseline not in a.names:
-        problems.append(f"screen.speed_baseline={plan.screen.speed_baseline!r} is not in arms.names")
-    if a.candidate not in a.names:
-        problems.append(f"arms.candidate={a.candidate!r} is not in arms.names")
-    for c in a.controls:
-        if c not in a.names:
-            problems.append(f"arms.controls holds {c!r}, which is not in arms.names")
-    if p.rank < 1:
-        problems.append("powersgd.rank must be >= 1")
-    if (p.warm_start or p.error_feedback != "none") and p.warmup_updates < 2:
-        # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
-        # DDP rebuilds its buckets after the first exchange.
-        problems.append("powersgd.warmup_updates must be >= 2 when warm start or error feedback is on")
-    if p.warmup_updates >= s.updates:
-        problems.append(f"powersgd.warmup_updates={p.warmup_updates} leaves no compressed update "
-                        f"within schedule.updates={s.updates}")
-    if p.error_feedback not in ("fp32-host", "device", "none"):
-        problems.append(f"powersgd.error_feedback={p.error_feedback!r} is not fp32-host, device or none")
-    if p.hook not in ("upstream", "fast"):
-        problems.append(f"powersgd.hook={p.hook!r} is not upstream or fast")
-    elif p.hook == "fast" and p.error_feedback != "fp32-host":
-        problems.append(f"powersgd.hook=fast keeps the error on the host: it needs "
-                        f"powersgd.error_feedback=fp32-host, not {p.error_feedback!r}")
-    if p.orthogonalization not in ("qr", "cholesky-qr2"):
-        problems.append(f"powersgd.orthogonalization={p.orthogonalization!r} is not qr or cholesky-qr2")
-    elif p.orthogonalization != "qr" and p.hook != "fast":
-        problems.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
-    if p.staging_mb < 1 or p.bucket_cap_mb < 1:
-        problems.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
-    if plan.hardware.threads_per_process < 0:
-        problems.append("hardware.threads_per_process must be >= 0 (0: the launcher's and torch's defaults)")
-    if s.micro_batch_tokens < 0:
-        problems.append("schedule.micro_batch_tokens must be >= 0 (0: micro-batches of schedule.micro_batch_docs)")
-    elif 0 < s.micro_batch_tokens < d.max_doc_tokens:
-        problems.append(f"schedule.micro_batch_tokens={s.micro_batch_tokens} holds no row of "
-                        f"data.max_doc_tokens={d.max_doc_tokens}: choose at least that many")
-    if plan.hardware.cuda_graphs and s.micro_batch_tokens == 0:
-        problems.append("hardware.cuda_graphs needs schedule.micro_batch_tokens > 0: a graph replays one "
-                        "fixed shape, and only packed micro-batches come in a bounded set of shapes")
-    if plan.hardware.max_device_gib < 0:
-        problems.append("hardware.max_device_gib must be >= 0 (0: no cap)")
-    if plan.hardware.loss_chunk_tokens < 0:
-        problems.append("hardware.loss_chunk_tokens must be >= 0 (0: no chunking)")
-    if (plan.hardware.compile or plan.hardware.fused_adamw) and plan.hardware.device != "cuda":
-        problems.append("hardware.compile and hardware.fused_adamw are GPU levers: they need hardware.device=cuda")
-    if plan.hardware.rehearsal not in ("", "one-gpu"):
-        problems.append(f"hardware.rehearsal={plan.hardware.rehearsal!r} is not one-gpu (or empty: the study itself)")
-    elif plan.hardware.rehearsal and plan.hardware.device != "cuda":
-        problems.append("hardware.rehearsal=one-gpu puts both processes of a two-process arm on one CUDA GPU: "
-                        "it needs hardware.device=cuda (on a CPU the two-process arms already run as two "
-                        "processes, over loopback or two emulated hosts)")
-    if plan.hardware.device not in ("cpu", "cuda"):
-        problems.append(f"hardware.device={plan.hardware.device!r} is not cpu or cuda")
-    if plan.hardware.precision not in ("fp32", "bf16-autocast"):
-        problems.append(f"hardware.precision={plan.hardware.precision!r} is not fp32 or bf16-autocast")
-    if plan.hardware.precision == "bf16-autocast" and plan.hardware.device != "cuda":
-        problems.append("hardware.precision=bf16-autocast needs hardware.device=cuda")
-    for name in ("train_per_family", "test_per_family", "retention_probes"):
-        if getattr(d, name) < 1:
-            problems.append(f"data.{name} must be >= 1")
-    if plan.model.source == "tiny" and plan.model.pretrain_steps < 1:
-        problems.append("model.source=tiny needs model.pretrain_steps >= 1 so that the probes are exposed")
-    if len(plan.infra.zones) != len(plan.infra.hosts):
-        problems.append("infra.zones must name one zone per host in infra.hosts")
-    if plan.link.rate_mbit <= 0:
-        problems.append("link.rate_mbit must be > 0")
-    if plan.screen.z <= 0:
-        problems.append("screen.z must be > 0")
+    """Refuse impossible combinations with a message that names them: each concern's `problems`,
+    every one listed (a user fixes a plan once, not once per message)."""
+    problems = [line for f in dataclasses.fields(plan) for line in getattr(plan, f.name).problems(plan)]
     if problems:
         raise PlanError("impossible plan:\n  - " + "\n  - ".join(problems))
     return plan

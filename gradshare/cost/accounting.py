@@ -1,7 +1,7 @@
 """Cost of an arm: GPU-seconds, host-hours and dollars at the plan's price, wire bytes
 per host, cross-zone dollars, checkpoint seconds; and the study's budget and deadline.
 
-Prices and bounds come from the plan (`InfraPlan`), never from here. A CPU run (the
+Prices and bounds come from the plan (`gradshare.contract.hosts_plan.InfraPlan`), never from here. A CPU run (the
 tiny profile's emulation) is priced as the CPU host it ran on (`infra.cpu_host`); what
 the same host-hours would cost on the study's hosts is shown beside it as a projection
 only (`usd_on_study_hosts`). Cross-zone

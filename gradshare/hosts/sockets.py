@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from gradshare.contract.plan import socket_counts
+from gradshare.contract.hosts_plan import socket_counts
 
 ENV_NAMES = ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
