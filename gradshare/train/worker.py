@@ -19,6 +19,7 @@ import json
 import os
 import time
 import traceback
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,7 +62,35 @@ def _load_docs(workdir: Path) -> dict[str, dict]:
     return docs
 
 
+@dataclass
+class _Rank:
+    """One process of the arm once it is set up: who it is among the ranks, where it computes, and
+    what it trains from; `phases_s` collects the arm's phase seconds as they pass."""
+    workdir: Path
+    arm: str
+    plan: object
+    rank: int
+    world: int
+    device: torch.device
+    wait_for_everyone: object
+    beat: heartbeat.Heartbeat
+    faults: object
+    wire_start: dict
+    t_wall: float
+    phases_s: dict = field(default_factory=dict)
+    box: Outbox | None = None  # rank 0's records, through the outbox: a lost server stalls no update
+    log: object = print
+
+
 def run(workdir: Path, arm: str, run_id: str | None) -> None:
+    """The arm's process: set up, train, then check the replicas and hand over its result."""
+    r = _set_up(workdir, arm, run_id)
+    model, tokenizer, res, seen = _train(r)
+    _finish(r, model, tokenizer, res, seen)
+
+
+def _set_up(workdir: Path, arm: str, run_id: str | None) -> _Rank:
+    """The verified plan, the process group and this rank's device (capped before any model)."""
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -99,26 +128,32 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
     set_determinism(plan.hardware.deterministic)
     # Before the model exists: an arm that would not fit the study's card fails here too.
     cap_device_memory(plan.hardware.max_device_gib, device)
+    return _Rank(workdir=workdir, arm=arm, plan=plan, rank=rank, world=world, device=device,
+                 wait_for_everyone=wait_for_everyone, beat=beat, faults=faults, wire_start=wire_start,
+                 t_wall=t_wall, box=Outbox(run_id, plan.arms.tracking_grace_s, background=True)
+                 if rank == 0 and run_id else None, log=print if rank == 0 else (lambda *a, **k: None))
+
+
+def _train(r: _Rank):
+    """The seed model trained on the schedule: (model, tokenizer, the loop's result, the hash of
+    each update's documents as trained, equal across arms)."""
+    plan, workdir, box = r.plan, r.workdir, r.box
     torch.manual_seed(plan.study.seed)
     tokenizer = load_tokenizer(workdir / "tokenizer")
-    model = seed_model(plan, workdir, device)
+    model = seed_model(plan, workdir, r.device)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # a model's own tokenizer with our chat markers added: room for them in the embedding
         model.resize_token_embeddings(len(tokenizer))
     schedule = json.loads((workdir / workdir_files.SCHEDULE).read_text())
     docs = _load_docs(workdir)
 
-    box = None  # rank 0's records, through the outbox: a lost server stalls no update
-    if rank == 0 and run_id:
-        box = Outbox(run_id, plan.arms.tracking_grace_s, background=True)
-
     seen = []  # per-update hash of the document ids actually trained on, equal across arms
     launched = float(os.environ.get(env.LAUNCHED_AT_ENV) or STARTED_AT)
-    phases_s = {"launch": STARTED_AT - launched, "setup": time.perf_counter() - t_wall}
+    r.phases_s.update({"launch": STARTED_AT - launched, "setup": time.perf_counter() - r.t_wall})
 
     def on_step(u: int, metrics: dict, docs_sha: str) -> str | None:
         seen.append(docs_sha)
-        phases_s.setdefault("first_update", metrics[M.STEP_S])
+        r.phases_s.setdefault("first_update", metrics[M.STEP_S])
         if box is not None:
             box.metrics(metrics, step=u)
             try:
@@ -127,22 +162,26 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
                 return str(exc)  # every rank stops after this update
         return None
 
-    log = print if rank == 0 else (lambda *a, **k: None)
-
-    limits = Limits.read(workdir) if rank == 0 else None  # rank 0 decides; the others follow it
-    full = _full_state(workdir, world, rank, box, log)
+    limits = Limits.read(workdir) if r.rank == 0 else None  # rank 0 decides; the others follow it
+    full = _full_state(workdir, r.world, r.rank, box, r.log)
     if full.resume:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
-    profile = profiling.from_env(workdir, rank)
-    res = train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits, full,
-                profile, heartbeat=beat)
-    beat.phase("finish")  # the replica check, the checkpoint and its upload: alive is what counts
-    phases_s["updates"] = res.active_s
+    profile = profiling.from_env(workdir, r.rank)
+    res = train(plan, r.arm, model, tokenizer, docs, schedule, r.device, r.rank, r.world, on_step, r.log, limits,
+                full, profile, heartbeat=r.beat)
+    r.beat.phase("finish")  # the replica check, the checkpoint and its upload: alive is what counts
+    r.phases_s["updates"] = res.active_s
     if box is not None and profile is not None and profile.out.exists():
         box.artifacts(profile.out, "profile")
+    return model, tokenizer, res, seen
 
+
+def _finish(r: _Rank, model, tokenizer, res, seen: list[str]) -> None:
+    """Replicas checked equal, rank 0's checkpoint written with signals deferred, the arm's
+    summary (every rank's counters, threads and peaks) beside it, then recorded."""
+    arm, workdir, rank, world, box, log, phases_s = r.arm, r.workdir, r.rank, r.world, r.box, r.log, r.phases_s
     # Only rank 0's weights are saved and scored: every other rank's must equal them, bit for bit.
-    faults.after_training(model, rank)
+    r.faults.after_training(model, rank)
     t0 = time.perf_counter()
     checked = check_agree(model, rank, world)
     phases_s["replica_check"] = time.perf_counter() - t0
@@ -151,7 +190,8 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             f"({phases_s['replica_check']:.2f}s)")
 
     # Collectives from here on: every rank sends its counters, rank 0 alone writes and logs.
-    starts = gather(wire_start, world)
+    device = r.device
+    starts = gather(r.wire_start, world)
     threads = gather(torch.get_num_threads(), world)  # what each rank really ran with
     peaks = gather((torch.cuda.max_memory_allocated(device) / 2**30, torch.cuda.max_memory_reserved(device) / 2**30)
                    if device.type == "cuda" else None, world)  # each rank's, against the plan's cap
@@ -165,13 +205,13 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             ckpt = save_model(model, tokenizer, checkpoint_dir(box, workdir))
             entries = file_entries(ckpt)
             save_s = phases_s["checkpoint_write"] = time.perf_counter() - t0
-            faults.after_checkpoint()
+            r.faults.after_checkpoint()
         after_ckpt = gather(host_counters(), world)  # the other ranks wait here while rank 0 writes
-        faults.checkpoint_written(rank)
+        r.faults.checkpoint_written(rank)
         if rank == 0:
             wire = phases(starts, res.wire_first, res.wire, before_ckpt, after_ckpt)
             summary = M.summary_metrics(
-                active_s=res.active_s, tokens=res.tokens, world=world, wall_s=time.perf_counter() - t_wall,
+                active_s=res.active_s, tokens=res.tokens, world=world, wall_s=time.perf_counter() - r.t_wall,
                 save_s=save_s, ckpt_bytes=sum(e["bytes"] for e in entries), logical_bytes=res.logical_bytes,
                 logical_bytes_post_warmup=res.logical_bytes_post_warmup, final_loss=res.losses[-1], wire=wire)
             for line in phase_lines(wire, after_ckpt):
@@ -179,10 +219,10 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
             log(f"[{arm}] torch threads per rank: {threads}")
             # the checkpoint's identity is its weights' content, not files that embed library versions
             summary |= {M.REPLICA_TENSORS: checked} | {M.phase_s(k): v for k, v in phases_s.items()}
-            for r, peak in enumerate(peaks):
+            for k, peak in enumerate(peaks):
                 if peak is not None:
-                    summary |= {M.peak_allocated_gib(r): peak[0], M.peak_reserved_gib(r): peak[1]}
-                    log(f"[{arm}] rank {r}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
+                    summary |= {M.peak_allocated_gib(k): peak[0], M.peak_reserved_gib(k): peak[1]}
+                    log(f"[{arm}] rank {k}: peak {peak[0]:.1f} GiB allocated, {peak[1]:.1f} GiB reserved")
             result = {"metrics": summary, "checkpoint_sha256": checkpoint_sha256(ckpt),
                       "hosts": ordered_labels(after_ckpt), "losses": res.losses, "update_sha256": seen}
             (workdir / workdir_files.SUMMARY).write_text(json.dumps(result, indent=1))
@@ -190,7 +230,7 @@ def run(workdir: Path, arm: str, run_id: str | None) -> None:
         box.params({"torch_threads_per_rank": ",".join(map(str, threads)), "socket_env": sockets.seen()})
         record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
     try:
-        wait_for_everyone()
+        r.wait_for_everyone()
     except Exception as exc:  # noqa: BLE001 - a peer gone after the result was written costs nothing
         if not (workdir / workdir_files.SUMMARY).exists():
             raise
