@@ -155,8 +155,9 @@ def test_a_rank_that_sleeps_forever_ends_the_arm_as_hung_within_the_update_bound
     """Every rank alive (the sleeper's heartbeat thread beats on, its peer waits in a collective)
     and none completes an update: the arm ends after arms.hang_updates x arms.expected_update_s,
     far below its time limit, FAILED, naming the hang and the last completed update."""
-    study = _prepare("hang-study", TIMED)
-    plan = load_plan("tiny", {**TIMED})
+    bounds = TIMED | {"arms.stall_s": "10", "arms.hang_updates": "5"}  # a hang bound of 10 s, not 30
+    study = _prepare("hang-study", bounds)
+    plan = load_plan("tiny", bounds)
     limit = plan.arms.timeout_s(8)  # the small plan's 8 updates
     t0 = time.monotonic()
     proc = _train(study, "dense", env={"GRADSHARE_INJECT_HANG_AT": "3:1"})
