@@ -17,15 +17,21 @@ plus `plan.json` at the run's root. Two prepares of the same plan give identical
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from gradshare.contract.errors import StudyError
 from gradshare.contract.metrics import seed_metrics
-from gradshare.contract.plan import PLAN_FILE, Plan, plan_json
-from gradshare.contract.tags import INPUT_SHA, INPUTS_SHA, SEED_MODEL
+from gradshare.contract.plan import PLAN_FILE, Plan, load_plan, plan_json
+from gradshare.contract.tags import DEVICE_NOTE, INPUT_SHA, INPUTS_SHA, PLAN_SHA, PRICE_WARNING, SEED_MODEL
+from gradshare.cost.limits import START_PARAM
+from gradshare.cost.prices import refreshed_price
+from gradshare.inputs.build import build_inputs
 from gradshare.model.source import MODEL_SHAPES, parameter_shapes
+from gradshare.tracking import study_runs
 from gradshare.util.jsonio import read_jsonl
 
 
@@ -127,3 +133,72 @@ def archive_existing_study(study: str) -> str | None:
 
 def scratch_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="gradshare-inputs-"))
+
+
+def prepare_study(study: str, profile: str, overrides: dict[str, str], run) -> Plan:
+    """The prepare step in its run (`run`, open): refused where the study is prepared already;
+    else the study's clock starts, the plan is priced and hashed, every input is built, hashed
+    and logged, and a plan whose arms need GPUs this machine lacks says so. Returns the plan."""
+    import mlflow
+
+    existing = [r for r in study_runs.search(study, "prepare", status="FINISHED") if r.info.run_id != run.info.run_id]
+    if existing:
+        raise StudyError(
+            f"study {study!r} is already prepared (run {existing[0].info.run_id}); its inputs are "
+            f"pre-registered and are not regenerated. Start a new study with -P new_study=true "
+            f"(archives this one) or choose another -P study=NAME")
+
+    # the study's clock (deadline, budget) starts here
+    mlflow.log_param(START_PARAM, f"{time.time():.3f}")
+    plan = load_plan(profile, overrides)
+    plan = _priced(plan, overrides)
+    mlflow.set_tag(PLAN_SHA, plan.sha256())
+    inputs = scratch_dir()
+    try:
+        manifest = build_inputs(plan, inputs)
+        log_prepare_run(plan, inputs, manifest)
+    finally:
+        shutil.rmtree(inputs, ignore_errors=True)
+    print(f"[gradshare] prepared study {study!r}: plan_sha256 {plan.sha256()}, "
+          f"run {run.info.run_id}")
+    if note := device_note(plan):
+        print(note, flush=True)
+        mlflow.set_tag(DEVICE_NOTE, note)
+    return plan
+
+
+def device_note(plan) -> str | None:
+    """One line where the plan's arms need GPUs this machine lacks: prepare itself runs anywhere,
+    and says so instead of leaving the surprise to train."""
+    if plan.hardware.device != "cuda":
+        return None
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    a = plan.arms
+    need = {arm: a.processes(arm) for arm in a.names}
+    if have >= max(need.values()):
+        return None
+    arms = ", ".join(f"{arm} {n} GPU{'s' if n > 1 else ''}" for arm, n in need.items())
+    return (f"[gradshare] note: this plan's arms run on CUDA GPUs ({arms}; a two-GPU arm may use two hosts with "
+            f"one each) and this machine has {have}: prepare is done here, train the arms where the GPUs are")
+
+
+def _priced(plan, overrides: dict):
+    """With `infra.refresh_prices`, the plan carries the AWS Price List API's price and date, or
+    the declared ones with a warning; the run records which (`price_source`)."""
+    import mlflow
+
+    if not plan.infra.refresh_prices:
+        mlflow.log_param("price_source", "declared in the plan")
+        return plan
+
+    usd, date, warning = refreshed_price(plan)
+    if warning:
+        print(f"[gradshare] warning: {warning}", flush=True)
+        mlflow.set_tag(PRICE_WARNING, warning)
+        mlflow.log_param("price_source", "declared in the plan (the Price List API did not answer)")
+        return plan
+    mlflow.log_param("price_source", f"AWS Price List API, {date}")
+    print(f"[gradshare] {plan.infra.instance_type}: ${usd}/h from the AWS Price List API ({date})", flush=True)
+    return load_plan(plan.study.profile, {**overrides, "infra.usd_per_host_hour": str(usd), "infra.price_date": date})
