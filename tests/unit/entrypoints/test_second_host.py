@@ -12,7 +12,8 @@ from gradshare.tracking import connection
 from tests.conftest import REPO
 
 # host B's step with its workers left out (they need rank 0): everything before them runs for real
-HOST_B = ("import entrypoints.train as t; t.run_secondary_host = lambda *a: print('workers started'); "
+HOST_B = ("import entrypoints.train as t; import gradshare.steps.train as st; "
+          "st.run_secondary_host = lambda *a: print('workers started'); "
           "t.main(['--study', {study!r}, '--arm', 'dense', '--num-machines', '2', '--machine-rank', '1', "
           "'--main-process-ip', '127.0.0.1', '--main-process-port', '29555'])")
 
