@@ -26,10 +26,6 @@ class SpeedScreen:
     def passes(self) -> bool:
         return self.ratio >= self.threshold
 
-    @property
-    def words(self) -> str:
-        return "passes" if self.passes else "fails"
-
 
 def screen(plan, tokens_per_s: Mapping[str, float], arm: str | None = None) -> SpeedScreen:
     """`arm` (default: the plan's candidate) against the plan's speed baseline, from each arm's

@@ -36,7 +36,7 @@ from gradshare.contract.errors import Refusal
 from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
 from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
-from gradshare.cost.volume import GB, cross_zone_bytes, exchange_bytes
+from gradshare.cost.volume import GB, arm_cross_zone_bytes, crosses_zones, exchange_bytes
 from gradshare.model.source import MODEL_SHAPES, parameter_shapes
 from gradshare.tracking import connection, study_runs
 
@@ -114,10 +114,6 @@ def study_start(prep) -> float:
     """When the study started: prepare's recorded start, or its run's start for older studies."""
     value = prep.data.params.get(START_PARAM)
     return float(value) if value else prep.info.start_time / 1000
-
-
-def crosses_zones(plan, arm: str) -> bool:
-    return plan.arms.processes(arm) > 1 and len(set(plan.infra.zones[:plan.arms.processes(arm)])) > 1
 
 
 def run_spend(plan, run) -> float:
@@ -205,24 +201,21 @@ def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = 
     """Cross-zone bytes of the arm's hosts, sent plus received, from its logical volume (the
     model's parameter `shapes`, built from the plan where not given)."""
     if not crosses_zones(plan, arm):
-        return 0.0
-    if shapes is None:
-        shapes = parameter_shapes(plan)
-    exchange, kind = exchange_bytes(plan, shapes), plan.arm(arm)
-    per_update = [exchange.of(kind, u) for u in range(1, plan.schedule.updates + 1)]
-    return cross_zone_bytes(sum(per_update), plan.arms.processes(arm))
+        return 0.0  # no shapes built for nothing
+    return arm_cross_zone_bytes(plan, arm, exchange_bytes(plan, parameter_shapes(plan) if shapes is None else shapes))
 
 
-def study_left(study: str, prep, plan, now: float, spent_usd: float, own_run_id: str | None = None) -> None:
+def study_left(study: str, prep, plan, now: float, spent_usd: float, shapes: list[tuple[int, ...]]) -> None:
     """Where the study's preflight measured its hosts: the arms not yet finished, together, on
-    those hosts (`measured.go_no_go`); a Refusal naming the measured figure where they cannot
-    all end within the deadline and the budget, so that no arm spends on a study that cannot end."""
+    those hosts (`measured.go_no_go`, for a model of `shapes`); a Refusal naming the measured
+    figure where they cannot all end within the deadline and the budget, so that no arm spends
+    on a study that cannot end."""
     figures = measured.latest(study)
     if figures is None:
         return
     done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
     verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_arm(study, plan, "single")
-                                ["startup_s"], prepared_shapes(prep, plan), study_start(prep), now, spent_usd, done,
+                                ["startup_s"], shapes, study_start(prep), now, spent_usd, done,
                                 figures.get("per_update"))
     if verdict["go"] != "go":
         word = "deadline" if any("deadline" in w for w in verdict["why"]) else "budget"
@@ -246,12 +239,12 @@ def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, 
     exp = expected_arm(study, plan, arm)
     left = plan.schedule.updates if updates_left is None else updates_left
     seconds = exp["startup_s"] + left * exp["update_s"]
-    cross = (expected_cross_bytes(plan, arm, prepared_shapes(prep, plan)) * left / plan.schedule.updates
-             if crosses_zones(plan, arm) else 0.0)
+    shapes = prepared_shapes(prep, plan)  # one download, for this arm's bytes and the study's remaining arms
+    cross = expected_cross_bytes(plan, arm, shapes) * left / plan.schedule.updates
     cost = seconds * usd_per_s + cross * cross_rate
     how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
            f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")
-    study_left(study, prep, plan, now, before, own_run_id)
+    study_left(study, prep, plan, now, before, shapes)
     if now + seconds > deadline:
         raise Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
                         f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "

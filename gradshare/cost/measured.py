@@ -23,7 +23,7 @@ import json
 import statistics
 
 from gradshare.cost.accounting import host_price
-from gradshare.cost.volume import GB, WIRE_OVERHEAD, cross_zone_bytes, exchange_bytes, ring_factor
+from gradshare.cost.volume import GB, WIRE_OVERHEAD, arm_cross_zone_bytes, exchange_bytes, ring_factor
 from gradshare.contract import metrics as M
 from gradshare.contract import speed
 from gradshare.tracking import connection, study_runs
@@ -141,11 +141,7 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
         hosts = plan.arms.processes(arm)
         seconds = startup_s + (per_update[arm] * plan.schedule.updates if per_update and arm in per_update
                                else arm_seconds(plan, arm, c, figures))
-        kind = plan.arm(arm)
-        cross = 0.0
-        if hosts > 1 and len(set(plan.infra.zones[:hosts])) > 1:
-            cross = sum(cross_zone_bytes(exchange.of(kind, u), hosts)
-                        for u in range(1, plan.schedule.updates + 1))
+        cross = arm_cross_zone_bytes(plan, arm, exchange)
         usd = hosts * seconds * price / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
         rows.append({"arm": arm, "seconds": seconds, "usd": usd, "cross_zone_GB": cross / GB})
         total_s, total_usd = total_s + seconds, total_usd + usd

@@ -106,3 +106,18 @@ def exchange_bytes(plan, param_shapes: list[tuple[int, ...]]) -> ExchangeBytes:
     return ExchangeBytes(dense=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, None),
                          compressed=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, p.rank,
                                                                p.min_compression_rate))
+
+
+def crosses_zones(plan, arm: str) -> bool:
+    """The arm's hosts sit in more than one zone: its exchanges are billed as cross-zone."""
+    hosts = plan.arms.processes(arm)
+    return hosts > 1 and len(set(plan.infra.zones[:hosts])) > 1
+
+
+def arm_cross_zone_bytes(plan, arm: str, exchange: ExchangeBytes) -> float:
+    """Cross-zone bytes, sent plus received, of all the arm's updates (0 where its hosts share a zone)."""
+    if not crosses_zones(plan, arm):
+        return 0.0
+    kind = plan.arm(arm)
+    return cross_zone_bytes(sum(exchange.of(kind, u) for u in range(1, plan.schedule.updates + 1)),
+                            plan.arms.processes(arm))
