@@ -124,62 +124,32 @@ def _wait_for_claim(study: str, arm: str, host0: subprocess.Popen, timeout_s: fl
         time.sleep(0.5)
 
 
-def run_preflight_across(study: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> int:
-    """`gradshare preflight` with machine rank 0 on host 0 and 1 on host 1 over a fresh link
-    (`flow_mbit` > 0: each TCP flow capped too); host 0's exit code (0 go, 3 no-go)."""
+def _host_env(**extra: str) -> dict[str, str]:
+    """The environment of a step run on the emulated hosts: each machine rank makes its own run,
+    so nothing of a launcher's run may leak in; the tracking URI absolute (the hosts' cwd differs)."""
     inherited = {k: v for k, v in os.environ.items()
                  if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
-    env = {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env()}
+    return {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env(), **extra}
+
+
+def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flow_mbit: float, timeout_s: float,
+                  before_host_1=None) -> int | None:
+    """`command(rank, addr0)` as machine rank 0 on host 0 and 1 on host 1 over a fresh link, torn
+    down afterwards (on failure and interrupt too); host 0's exit code, None where it passed
+    `timeout_s`. `before_host_1(host 0's process)` waits for what host 1 needs; where host 0 has
+    ended by then, host 1 never starts."""
     uri = urlparse(env["MLFLOW_TRACKING_URI"])
     with netns.two_hosts(rate_mbit, flow_mbit=flow_mbit) as hosts:
         if uri.scheme in ("http", "https"):
             hosts.bridge(uri.port)
-        env.update(hosts.env)
-        procs = []
-        for rank in (0, 1):
-            cmd = [sys.executable, "-m", "entrypoints.preflight", "--study", study, "--num-machines", "2",
-                   "--machine-rank", str(rank), "--main-process-ip", hosts.addr[0], "--main-process-port",
-                   str(RENDEZVOUS_PORT)]
-            p = subprocess.Popen(hosts.exec(rank) + cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-            threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True).start()
-            procs.append(p)
-        try:
-            rc0 = procs[0].wait(timeout=timeout_s)
-            procs[1].wait(timeout=SECONDARY_GRACE_S)
-        except subprocess.TimeoutExpired:
-            rc0 = -1
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return rc0
-
-
-def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> bool:
-    """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
-    afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
-    MLflow run holds the arm's outcome either way. `flow_mbit` > 0: each TCP flow capped too."""
-    # each machine rank's `mlflow run` makes its own run: nothing of a launcher's run may leak in
-    inherited = {k: v for k, v in os.environ.items()
-                 if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
-    env = {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env(), LINK_ENV: describe_emulated(rate_mbit),
-           RATE_ENV: f"{rate_mbit:g}"}
-    uri = urlparse(env["MLFLOW_TRACKING_URI"])
-    with netns.two_hosts(rate_mbit, flow_mbit=flow_mbit) as hosts:
-        if uri.scheme in ("http", "https"):
-            hosts.bridge(uri.port)
-        env.update(hosts.env)
+        env = {**env, **hosts.env}
         procs, pumps = [], []
         for rank in (0, 1):
-            if rank == 1:
-                # Host 1 starts once host 0's run holds the arm (its claim decided): a refused arm
-                # never leaves host 1 waiting at the rendezvous, and host 0's orphan sweep never
-                # meets host 1's launcher run before that run is tagged as alive.
-                _wait_for_claim(study, arm, procs[0], timeout_s)
+            if rank == 1 and before_host_1 is not None:
+                before_host_1(procs[0])
                 if procs[0].poll() is not None:
                     break  # host 0 ended (refused, failed): nothing for host 1 to join
-            p = subprocess.Popen(hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0]),
+            p = subprocess.Popen(hosts.exec(rank) + command(rank, hosts.addr[0]),
                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             t = threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True)
             t.start()
@@ -194,7 +164,7 @@ def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flo
                 print(f"[gradshare] host 1 still running {SECONDARY_GRACE_S}s after host 0 ended: stopped",
                       flush=True)
         except subprocess.TimeoutExpired:
-            print(f"[gradshare] arm {arm} across two hosts passed {timeout_s:.0f}s: stopped", flush=True)
+            print(f"[gradshare] {what} across two hosts passed {timeout_s:.0f}s: stopped", flush=True)
             rc0 = None
         # leaving the block tears the hosts down and kills what is still inside, by pid
     for p in procs:
@@ -203,4 +173,30 @@ def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flo
             p.wait()
     for t in pumps:
         t.join(timeout=5)
+    return rc0
+
+
+def run_preflight_across(study: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> int:
+    """`gradshare preflight` with machine rank 0 on host 0 and 1 on host 1 over a fresh link
+    (`flow_mbit` > 0: each TCP flow capped too); host 0's exit code (0 go, 3 no-go; -1: it passed
+    `timeout_s`)."""
+    def command(rank: int, addr0: str) -> list[str]:
+        return [sys.executable, "-m", "entrypoints.preflight", "--study", study, "--num-machines", "2",
+                "--machine-rank", str(rank), "--main-process-ip", addr0, "--main-process-port", str(RENDEZVOUS_PORT)]
+
+    rc0 = _on_two_hosts("the preflight", command, _host_env(), rate_mbit, flow_mbit, timeout_s)
+    return -1 if rc0 is None else rc0
+
+
+def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> bool:
+    """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
+    afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
+    MLflow run holds the arm's outcome either way. `flow_mbit` > 0: each TCP flow capped too.
+    Host 1 starts once host 0's run holds the arm (its claim decided): a refused arm never leaves
+    host 1 waiting at the rendezvous, and host 0's orphan sweep never meets host 1's launcher run
+    before that run is tagged as alive."""
+    env = _host_env(**{LINK_ENV: describe_emulated(rate_mbit), RATE_ENV: f"{rate_mbit:g}"})
+    rc0 = _on_two_hosts(f"arm {arm}", lambda rank, addr0: machine_rank_command(study, arm, rank, addr0), env,
+                        rate_mbit, flow_mbit, timeout_s, before_host_1=lambda p0: _wait_for_claim(study, arm, p0,
+                                                                                                  timeout_s))
     return rc0 == 0
