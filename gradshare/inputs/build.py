@@ -115,13 +115,13 @@ def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
 
 def _seed_model(plan: Plan, tokenizer, pretrain_docs, probes, out: Path, log) -> dict:
     """Tiny: build and pre-train the seed model. Full: record the local model's files."""
-    # Deferred (allow-listed in tests/unit/test_layers.py): the model's code loads torch and
-    # transformers, which only the tiny seed needs; the projection and prepare's parser import
-    # this module and build no model.
-    from gradshare.model.lm import build_model, mean_nll, pretrain_seed, save_model
-
     m, seed, max_tok = plan.model, plan.study.seed, plan.data.max_doc_tokens
     if m.source == "tiny":
+        # Deferred (allow-listed in tests/unit/test_layers.py): the model's code loads torch and
+        # transformers, which only the tiny seed needs; the projection and prepare's parser import
+        # this module and build no model.
+        from gradshare.model.lm import build_model, mean_nll, pretrain_seed, save_model
+
         model = build_model(model_config(m.config, vocab_size=len(tokenizer)), seed)
         before = [r["nll_nats"] for r in mean_nll(model, tokenizer, probes, max_tok)]
         losses = pretrain_seed(model, tokenizer, pretrain_docs, m.pretrain_steps, m.pretrain_batch_docs,
