@@ -155,7 +155,7 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
         if key == M.WIRE_TX_BYTES:  # loopback beside it: two ranks on one host talk over lo
             for arm, a in rec.arms.items():
                 h = a.histories.get(M.LOOPBACK_BYTES) or []
-                if h and arm != "single":
+                if h and rec.plan.arm(arm).is_ddp:
                     xs, ys = zip(*h)
                     cum, tot = [], 0.0
                     for y in ys:
@@ -178,19 +178,21 @@ def _projected_speed(v: dict, out: Path) -> Path:
 
 
 def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
-    """Each arm's loss minus single's, update by update: where the curves overlap, the gap shows."""
+    """Each arm's loss minus the one-process arm's (kind `single`: one device, the reference every
+    other arm's function equals), update by update: where the curves overlap, the gap shows."""
     fig, ax = plt.subplots(figsize=(8, 3))
-    base = dict(rec.arms["single"].histories.get(M.TRAIN_LOSS) or []) if "single" in rec.arms else {}
+    ref = next((a.name for a in rec.plan.arm_list() if not a.is_ddp), None)
+    base = dict(rec.arms[ref].histories.get(M.TRAIN_LOSS) or []) if ref in rec.arms else {}
     for arm, a in rec.arms.items():
         h = a.histories.get(M.TRAIN_LOSS) or []
         pts = [(u, y - base[u]) for u, y in h if u in base]
-        if pts and arm != "single":
+        if pts and arm != ref:
             xs, ys = zip(*pts)
-            ax.plot(xs, ys, label=f"{arm} − single")
+            ax.plot(xs, ys, label=f"{arm} − {ref}")
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("update")
     ax.set_ylabel("nats")
-    ax.set_title("Training loss gap to the single arm" if base else "Training loss gap (single arm missing)")
+    ax.set_title(f"Training loss gap to the {ref} arm" if base else "Training loss gap (no one-process arm finished)")
     _legend(ax)
     return _save(fig, out / "loss_gap_to_single.png")
 

@@ -24,9 +24,11 @@ from gradshare.cost.accounting import arm_cost, cost_words, study_budget
 
 
 def pairs(plan) -> list[tuple[str, str]]:
-    """candidate-seed, candidate-each control, each control-seed (the study's comparisons)."""
+    """candidate-seed, candidate-each control (the screens' comparisons), and each other arm-seed:
+    every control's, and any further arm's (a fourth arm's gain is reported, never screened)."""
     cand, controls = plan.arms.candidate, list(plan.arms.controls)
-    return [(cand, "seed")] + [(cand, c) for c in controls] + [(c, "seed") for c in controls]
+    others = controls + [a for a in plan.arms.names if a != cand and a not in controls]
+    return [(cand, "seed")] + [(cand, c) for c in controls] + [(a, "seed") for a in others]
 
 
 def compute(rec: StudyRecord) -> dict:

@@ -97,7 +97,7 @@ def bench_plan(profile: str, extra: dict, updates: int | None = None):
     GPU-only levers are dropped."""
     from gradshare.contract.plan import load_plan
 
-    over = {"arms.dense_processes": "1", "arms.powersgd_processes": "1", "powersgd.warmup_updates": str(WARMUP),
+    over = {"arms.rows": "single:single:1,dense:dense:1,powersgd:powersgd:1", "powersgd.warmup_updates": str(WARMUP),
             "data.max_doc_tokens": str(DOC_TOKENS)}
     if updates is not None:
         n = updates * DOCS_PER_UPDATE

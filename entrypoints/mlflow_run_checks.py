@@ -7,7 +7,7 @@ without `--experiment-name`, the launcher run then lands in the experiment named
 experiment. Before MLflow creates any run it also refuses, with one line and no run
 left behind, what would otherwise leave a run RUNNING or FAILED for nothing:
     mlflow run . -e train -P arm=dense          # no conda here: one line, add --env-manager local
-    mlflow run . -e train --env-manager local -P arm=dense2   # one line naming the arms
+    mlflow run . -e train --env-manager local -P arm=dense2   # one line naming the study's arms
     mlflow run . -e prepare --env-manager local -P schedule.updatez=3   # one line: unknown field
     mlflow run . -e train --env-manager local -P arm=dense -P machine_rank=1   # one line: 0..0
     mlflow run . -e prepare --env-manager local -P model.source=hf:/no/such/dir   # one line: the forms
@@ -27,11 +27,11 @@ from pathlib import Path
 import yaml
 
 from gradshare.contract.errors import StudyError
-from gradshare.contract.plan import ARM_KINDS, PlanError, load_plan, plan_keys
+from gradshare.contract.plan import PlanError, load_plan, plan_keys
 from gradshare.model.source import check_model_source
 from gradshare.steps.emulated import MODES
 from gradshare.steps.prepare import archive_existing_study
-from gradshare.tracking import study_runs
+from gradshare.tracking import store, study_runs
 from gradshare.tracking.connection import check_study_name
 from gradshare.train.launch import launch_problem
 
@@ -125,12 +125,11 @@ def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> No
             check_study_name(values["study"])
         except StudyError as exc:
             _refuse(f"-P study: {exc}")
-    arm = values.get("arm")
-    if entry == "train" and arm is not None and arm not in ARM_KINDS:
-        _refuse(f"-P arm={arm} is not an arm: choose one of {', '.join(ARM_KINDS)}")
     if entry == "train":
         if problem := launch_problem({**declared, **values}):
             _refuse(f"-P {problem[1]}")
+        if values.get("arm") is not None:  # after the checks that need no tracking server
+            _check_arm(values.get("study", declared.get("study")), values["arm"])
     hosts = values.get("hosts")
     if entry == "study" and hosts is not None:
         if hosts not in MODES:
@@ -143,6 +142,17 @@ def _check(params: dict, values: dict[str, str], declared: dict[str, str]) -> No
             check_model_source(plan, base=params.get("uri"))
         except PlanError as exc:
             _refuse(" ".join(str(exc).split()))
+
+
+def _check_arm(study: str, arm: str) -> None:
+    """Refuse an arm that the study's prepared plan does not run (its `arms.rows` name the arms),
+    and a study with no prepared plan to train: the train step would refuse both, after making a run."""
+    try:
+        _, plan = store.prepared_plan(study)
+    except StudyError as exc:
+        _refuse(f"-P arm={arm}: {exc}")
+    if arm not in plan.arms.names:
+        _refuse(f"-P arm={arm} is not an arm of study {study!r}: choose one of {', '.join(plan.arms.names)}")
 
 
 def experiment_id() -> str:

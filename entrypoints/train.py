@@ -25,7 +25,6 @@ left as it was.
 from __future__ import annotations
 
 from entrypoints.common import parse, study_parser
-from gradshare.contract.plan import ARM_KINDS
 from gradshare.steps import train as T
 from gradshare.tracking import connection
 from gradshare.train.driver import Launch
@@ -34,7 +33,8 @@ from gradshare.train.launch import launch_problem
 
 def main(argv=None) -> None:
     ap = study_parser(__doc__)
-    ap.add_argument("--arm", required=True, choices=ARM_KINDS)
+    ap.add_argument("--arm", required=True, help="an arm of the study's plan (its arms.rows); "
+                    "the step refuses any other, naming them")
     ap.add_argument("--num-machines", type=int, default=1)
     ap.add_argument("--machine-rank", type=int, default=0)
     ap.add_argument("--main-process-ip", default="127.0.0.1")

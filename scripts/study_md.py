@@ -111,13 +111,15 @@ def block_arms(ps):
                 "dense": "DDP, plain all-reduce of the whole gradient",
                 "powersgd": "DDP with the PowerSGD communication hook"}
     rows = []
-    for arm in ps["tiny"].arms.names:
-        role = ("candidate" if arm == ps["tiny"].arms.candidate else
-                "control" if arm in ps["tiny"].arms.controls else "")
-        rows.append([f"`{arm}`", role, *(num(ps[p].arms.processes(arm)) for p in PROFILES),
-                     exchange.get(arm, ""), f"`arms.{arm}_processes`"])
-    return table(["arm (in running order)", "role", "processes, tiny", "processes, full",
-                  "gradient exchange", "from `plan.py`"], rows)
+    tiny = ps["tiny"]
+    for arm in (tiny.arm(name) for name in tiny.arms.names):
+        role = ("candidate" if arm.name == tiny.arms.candidate else
+                "control" if arm.name in tiny.arms.controls else "")
+        rows.append([f"`{arm.name}`", role, f"`{arm.kind}`", *(num(ps[p].arms.processes(arm.name)) for p in PROFILES),
+                     exchange[arm.kind] + (f", rank {arm.rank}" if arm.has_powersgd else "")])
+    return table(["arm (in running order)", "role", "kind", "processes, tiny", "processes, full",
+                  "gradient exchange"], rows) + "\nEach arm is one row of `arms.rows` (`name:kind:processes`, a PowerSGD row " \
+        "with its own `:rank=R` and `:warmup=W` where it differs from `powersgd`).\n"
 
 
 def block_shared(ps):

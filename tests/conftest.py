@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gradshare.contract.plan import PROFILES
+from gradshare.contract.plan import PROFILES, load_plan
 from gradshare.tracking.server import NO_JOBS
 from gradshare.train.driver import free_port
 from gradshare.contract.tags import STEP
@@ -227,18 +227,25 @@ def runs(study: str, step: str, arm: str | None = None):
     return study_runs.search(study, step, arm)
 
 
+FOUR_ARMS = {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2,powersgd8:powersgd:2:rank=8"}
+"""The small study's arms: the study's three, and PowerSGD at rank 8, a fourth arm as a researcher
+would add it (one row), trained, committed, scored and analyzed like the others."""
+SMALL_STUDY = SMALL | FOUR_ARMS
+
+
 @pytest.fixture(scope="session")
 def prepared_study(mlflow_server):
-    """A small study prepared through `mlflow run . -e prepare` (the MLproject path)."""
+    """A small study of four arms (`FOUR_ARMS`) prepared through `mlflow run . -e prepare` (the
+    MLproject path)."""
     study = "small-study"
-    mlflow_run("prepare", study, SMALL)
+    mlflow_run("prepare", study, SMALL_STUDY)
     return study
 
 
 @pytest.fixture(scope="session")
 def trained_study(prepared_study):
-    """The small study with its three arms trained, one after another."""
-    for arm in ("single", "dense", "powersgd"):
+    """The small study with its four arms trained, one after another, as its plan lists them."""
+    for arm in load_plan("tiny", SMALL_STUDY).arms.names:
         run_entry("train", "--study", prepared_study, "--arm", arm)
     return prepared_study
 

@@ -1,5 +1,10 @@
-"""The errors a user can act on: a step's one-line reason, and a refusal that costs nothing."""
+"""The errors a user can act on: a plan that cannot run, a step's one-line reason, and a refusal
+that costs nothing."""
 from __future__ import annotations
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run as written; the message names the fields."""
 
 
 class StudyError(RuntimeError):

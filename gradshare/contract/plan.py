@@ -22,40 +22,10 @@ import json
 import typing
 from dataclasses import dataclass, field
 
+from gradshare.contract.arms_plan import Arm, ArmsPlan, warmup_problems
+from gradshare.contract.errors import PlanError
 from gradshare.contract.hosts_plan import InfraPlan, LinkPlan, PreflightPlan, socket_counts
 from gradshare.contract.profiles import PROFILES
-
-# The three kinds of arm the study knows; a plan runs some or all of them (`arms.names`).
-ARM_KINDS = ("single", "dense", "powersgd")
-
-
-class PlanError(ValueError):
-    """A plan that cannot be run as written; the message names the fields."""
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One arm as the code asks about it (`Plan.arm(name)`): how many processes, whether they
-    exchange gradients through DDP, and at which updates PowerSGD compresses. Code asks these
-    questions instead of testing the arm's name."""
-    name: str
-    processes: int
-    warmup_updates: int = 0
-    """PowerSGD's first updates, exchanged as a plain all-reduce (0 for the other arms)."""
-
-    @property
-    def is_ddp(self) -> bool:
-        """Its gradient goes through DDP (one exchange per update); `single` accumulates alone."""
-        return self.name != "single"
-
-    @property
-    def has_powersgd(self) -> bool:
-        """A PowerSGD state and communication hook sit on its DDP."""
-        return self.name == "powersgd"
-
-    def compresses(self, update: int) -> bool:
-        """Whether update `update` (1-based) exchanges PowerSGD's P and Q instead of the gradient."""
-        return self.has_powersgd and update > self.warmup_updates
 
 
 @dataclass(frozen=True)
@@ -67,84 +37,6 @@ class StudyPlan:
 
     def problems(self, plan: "Plan") -> list[str]:
         return [] if self.profile in PROFILES else [f"study.profile={self.profile!r} is not one of {sorted(PROFILES)}"]
-
-
-@dataclass(frozen=True)
-class ArmsPlan:
-    names: tuple[str, ...] = ("single", "dense", "powersgd")
-    """The arms, in the order they run (never overlapping)."""
-    candidate: str = "powersgd"
-    """The arm the screens judge."""
-    controls: tuple[str, ...] = ("single", "dense")
-    """Arms the candidate must not be inferior to."""
-    single_processes: int = 1
-    """Processes (GPUs) of the `single` arm: gradient accumulation on one device."""
-    dense_processes: int = 2
-    """Processes (GPUs) of the `dense` arm: plain DDP all-reduce."""
-    powersgd_processes: int = 2
-    """Processes (GPUs) of the `powersgd` arm: DDP with the PowerSGD hook."""
-    max_attempts: int = 1
-    """Attempts an arm may make; 1: an arm that failed is never re-run. Every attempt is recorded."""
-    expected_update_s: float = 2.5
-    """Expected seconds per update of the slowest arm on the planned hardware: here the tiny dense
-    arm across the emulated hosts, a 5.77 MB exchange over the 22 Mbit/s link (`LinkPlan`, 2.2 s
-    with headers) plus one rank's compute (0.2 s), on a 2-core CPU."""
-    startup_s: float = 180.0
-    """Seconds allowed for an arm's start-up (model load, process group) and its checkpoint."""
-    expected_startup_s: float = 30.0
-    """Expected seconds of an arm besides its updates (start-up, checkpoint, upload): with
-    `expected_update_s`, what the deadline and budget checks project before the first arm."""
-    timeout_margin: float = 4.0
-    """An arm is stopped as `timeout` after startup_s + updates x expected_update_s x this margin."""
-    tracking_grace_s: float = 300.0
-    """Seconds an arm trains on while the tracking server does not answer (its records wait on
-    local disk, `gradshare.tracking.outbox`); past them it stops after a whole update, records kept."""
-    stall_s: float = 30.0
-    """A rank whose process has not run for this long (SIGSTOP, a frozen host) ends the arm, named
-    (`gradshare.train.heartbeat`); its heartbeat thread writes every second."""
-    hang_updates: float = 10.0
-    """Every rank alive but none completing an update for this many expected updates
-    (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
-
-    def hang_s(self) -> float:
-        """Seconds without a completed update on any rank before the arm counts as hung: never
-        shorter than `stall_s` (a plan that declares a fast update is not a hang at every pause)."""
-        return max(self.hang_updates * self.expected_update_s, self.stall_s)
-
-    def timeout_s(self, updates: int) -> float:
-        """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""
-        return self.startup_s + updates * self.expected_update_s * self.timeout_margin
-
-    def processes(self, arm: str) -> int:
-        return {"single": self.single_processes, "dense": self.dense_processes,
-                "powersgd": self.powersgd_processes}[arm]
-
-    def problems(self, plan: "Plan") -> list[str]:
-        out, s = [], plan.schedule
-        for arm in self.names:
-            if arm not in ARM_KINDS:
-                out.append(f"arms.names holds unknown arm {arm!r}")
-                continue
-            world = self.processes(arm)
-            if world < 1:
-                out.append(f"arms.{arm}_processes must be >= 1")
-            elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
-                    s.docs_per_update % (world * s.micro_batch_docs) != 0:
-                out.append(f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
-                           f"arms.{arm}_processes={world} ranks in micro-batches of "
-                           f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
-                           f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
-        if self.max_attempts < 1:
-            out.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
-        if self.expected_update_s <= 0 or self.startup_s <= 0 or self.timeout_margin < 1:
-            out.append("arms.expected_update_s and arms.startup_s must be > 0 and arms.timeout_margin >= 1")
-        if self.stall_s <= 0 or self.hang_updates <= 0:
-            out.append(f"arms.stall_s={self.stall_s:g} and arms.hang_updates={self.hang_updates:g} must be > 0 "
-                       f"(the bounds within which a stopped or hung rank ends the arm)")
-        if self.candidate not in self.names:
-            out.append(f"arms.candidate={self.candidate!r} is not in arms.names")
-        out += [f"arms.controls holds {c!r}, which is not in arms.names" for c in self.controls if c not in self.names]
-        return out
 
 
 @dataclass(frozen=True)
@@ -270,13 +162,7 @@ class PowerSGDPlan:
         out = []
         if self.rank < 1:
             out.append("powersgd.rank must be >= 1")
-        if (self.warm_start or self.error_feedback != "none") and self.warmup_updates < 2:
-            # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
-            # DDP rebuilds its buckets after the first exchange.
-            out.append("powersgd.warmup_updates must be >= 2 when warm start or error feedback is on")
-        if self.warmup_updates >= plan.schedule.updates:
-            out.append(f"powersgd.warmup_updates={self.warmup_updates} leaves no compressed update "
-                       f"within schedule.updates={plan.schedule.updates}")
+        out += [f"powersgd.{line}" for line in warmup_problems(self, self.warmup_updates, plan.schedule.updates)]
         if self.error_feedback not in ("fp32-host", "device", "none"):
             out.append(f"powersgd.error_feedback={self.error_feedback!r} is not fp32-host, device or none")
         if self.hook not in ("upstream", "fast"):
@@ -400,7 +286,7 @@ class ScreenPlan:
 
     def problems(self, plan: "Plan") -> list[str]:
         out = [] if self.speed_baseline in plan.arms.names else [
-            f"screen.speed_baseline={self.speed_baseline!r} is not in arms.names"]
+            f"screen.speed_baseline={self.speed_baseline!r} is not an arm of arms.rows ({', '.join(plan.arms.names)})"]
         return out + (["screen.z must be > 0"] if self.z <= 0 else [])
 
 
@@ -422,10 +308,18 @@ class Plan:
 
     # -- views ---------------------------------------------------------------
     def arm(self, name: str) -> Arm:
-        """The arm `name` (one of ARM_KINDS) as this plan runs it."""
-        if name not in ARM_KINDS:
-            raise PlanError(f"arm {name!r} is not one of {', '.join(ARM_KINDS)}")
-        return Arm(name, self.arms.processes(name), self.powersgd.warmup_updates if name == "powersgd" else 0)
+        """The arm `name` as this plan runs it: its row of `arms.rows`, PowerSGD's settings filled
+        in from `powersgd` where the row sets none."""
+        row = self.arms.row(name)
+        if row.kind != "powersgd":
+            return Arm(row.name, row.kind, row.processes)
+        opts = dict(row.options)
+        return Arm(row.name, row.kind, row.processes, opts.get("rank", self.powersgd.rank),
+                   opts.get("warmup", self.powersgd.warmup_updates))
+
+    def arm_list(self) -> list[Arm]:
+        """Every arm of the plan, in the order they run."""
+        return [self.arm(name) for name in self.arms.names]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -59,19 +59,22 @@ class Calibration:
     def copies_s(self) -> float:
         return 2 * self.error_bytes / (self.gpu.pinned_both_gbps * GB)
 
-    def parts(self, arm: str, padded_tokens: float, micro_batches: float) -> dict[str, float]:
-        """One rank's update, in parts (seconds)."""
+    def parts(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None) -> dict[str, float]:
+        """One rank's update of `arm` (`Plan.arm(name)`), in parts (seconds): a compressed update
+        of a PowerSGD arm, or where `update` is given, that update (its warm-up a plain all-reduce).
+        The compression's seconds are the calibration's, measured at the study's rank (32), for
+        every rank."""
         out = {"matrix": self.s_per_padded_token * padded_tokens, "micro_batches": self.s_per_micro_batch * micro_batches,
                "fixed": self.s_fixed}
-        if arm != "single":
+        if arm.is_ddp:
             out["dense_extra"] = self.dense_extra_s
-        if arm == "powersgd":
+        if arm.has_powersgd and (update is None or arm.compresses(update)):
             out["compress"] = self.compress_s
             out["error_copies"] = self.copies_s()
         return out
 
-    def seconds(self, arm: str, padded_tokens: float, micro_batches: float) -> float:
-        return sum(self.parts(arm, padded_tokens, micro_batches).values())
+    def seconds(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None) -> float:
+        return sum(self.parts(arm, padded_tokens, micro_batches, update).values())
 
     def scaled_to(self, target: GpuRates) -> "Calibration":
         """The same parts on `target`: each scaled by the rate it is bound by."""

@@ -185,6 +185,11 @@ def expected_arm(study: str, plan, arm: str) -> dict:
             "source": f"the plan's arms.expected_update_s; {start_source}"}
 
 
+def expected_startup_s(study: str, plan) -> float:
+    """An arm's expected seconds besides its updates (`expected_arm`'s; they do not depend on the arm)."""
+    return expected_arm(study, plan, plan.arms.names[0])["startup_s"]
+
+
 def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
     """The model's trainable parameter shapes as prepare recorded them (`model_shapes.json`); a
     study prepared before they were recorded has them built on the meta device (about 5 s)."""
@@ -214,8 +219,7 @@ def study_left(study: str, prep, plan, now: float, spent_usd: float, shapes: lis
     if figures is None:
         return
     done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
-    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_arm(study, plan, "single")
-                                ["startup_s"], shapes, study_start(prep), now, spent_usd, done,
+    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_startup_s(study, plan), shapes, study_start(prep), now, spent_usd, done,
                                 figures.get("per_update"))
     if verdict["go"] != "go":
         word = "deadline" if any("deadline" in w for w in verdict["why"]) else "budget"

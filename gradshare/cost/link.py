@@ -2,10 +2,10 @@
 from their measurements: how the emulated hosts' runs check the projection's link term
 (`benchmarks/link_rates.py`), and the report's *this study's machine* table.
 
-    t(single)    = c1
-    t(arm, W, R) = c1 x s + x(arm) + wire_bytes_per_rank(B(arm), W) x 8 / (R x e(arm))
+    t(one-process arm) = c1
+    t(arm, W, R)       = c1 x s + x(arm) + wire_bytes_per_rank(B(arm), W) x 8 / (R x e(arm))
 
-    c1      the single arm's median seconds per update
+    c1      the one-process arm's (kind `single`) median seconds per update
     s       one rank's share of an update's documents in the plan's two-process arms, 1/2, kept for
             every W (weak scaling: W hosts train W/2 x the documents of an update)
     x(arm)  what the arm's own median seconds per update leave after c1 x s and the exchange the
@@ -62,6 +62,8 @@ class Machine:
     source: str = ""
     measured_s: dict[str, float] = field(default_factory=dict)
     """Median seconds per update as measured, where the inputs came from runs."""
+    one_process: str = "single"
+    """The name of the arm measured as c1: one device, one whole update."""
 
 
 def exchange_s(logical_bytes: float, world: int, rate_mbit: float, efficiency: float = 1.0) -> float:
@@ -73,7 +75,7 @@ def exchange_s(logical_bytes: float, world: int, rate_mbit: float, efficiency: f
 
 
 def s_per_update(m: Machine, arm: str, world: int, rate_mbit: float) -> float:
-    if arm == "single":
+    if arm == m.one_process:
         return m.single_s
     a = m.arms[arm]
     return m.single_s * TWO_HOST_SHARE + a.extra_s + exchange_s(a.logical_bytes, world, rate_mbit, a.link_efficiency)
@@ -81,9 +83,10 @@ def s_per_update(m: Machine, arm: str, world: int, rate_mbit: float) -> float:
 
 def project(m: Machine, arm: str, world: int, rate_mbit: float, train_docs: int, docs_per_update: int) -> dict:
     """Every figure of one arm on `world` hosts over a link of `rate_mbit`."""
-    world = 1 if arm == "single" else world
+    solo = arm == m.one_process
+    world = 1 if solo else world
     t = s_per_update(m, arm, world, rate_mbit)
-    share = 1.0 if arm == "single" else TWO_HOST_SHARE
+    share = 1.0 if solo else TWO_HOST_SHARE
     docs_per_step = docs_per_update * share * world
     updates = train_docs / docs_per_step
     gpu_s = updates * t * world
@@ -108,25 +111,26 @@ def _rate(text: str | None) -> float | None:
 
 def from_measurements(plan, arms: dict[str, dict], name: str) -> Machine:
     """A machine from measured arms: `arms[arm] = {"step_s": [(update, s)], "logical_bytes":
-    [(update, bytes)], "link_rate_mbit": "22" | "inf" | ...}`; `single` must be among them."""
-    if "single" not in arms:
-        raise ValueError("a projection from measurements needs the single arm (one device's update)")
-    skip = max(plan.powersgd.warmup_updates, 2)  # warm-up, and DDP's bucket rebuild at update 2
-    c1 = _median_after(arms["single"]["step_s"], 2)
-    measured = {"single": c1}
+    [(update, bytes)], "link_rate_mbit": "22" | "inf" | ...}`; a one-process arm (kind `single`)
+    must be among them."""
+    solo = next((a for a in arms if not plan.arm(a).is_ddp), None)
+    if solo is None:
+        raise ValueError("a projection from measurements needs a one-process arm (kind single: one device's update)")
+    c1 = _median_after(arms[solo]["step_s"], 2)
+    measured = {solo: c1}
     inputs, rates = {}, set()
     for arm, got in arms.items():
-        if arm == "single":
+        if not plan.arm(arm).is_ddp:
             continue
         rate = _rate(got.get("link_rate_mbit"))
         if rate is None:
             continue  # a real network of unknown rate: its x cannot be separated from its link
         rates.add(rate)
-        t = _median_after(got["step_s"], skip)
-        b = _median_after(got["logical_bytes"], skip)
+        t = _median_after(got["step_s"], _skip(plan, arm))
+        b = _median_after(got["logical_bytes"], _skip(plan, arm))
         measured[arm] = t
         inputs[arm] = ArmInputs(t - c1 * TWO_HOST_SHARE - exchange_s(b, 2, rate), b)
-    single = arms["single"]
+    single = arms[solo]
     tokens = (statistics.median(t * dict(single["step_s"])[step] for step, t in single["tokens_per_s"]
                                 if step in dict(single["step_s"]))
               if single.get("tokens_per_s") else plan.schedule.docs_per_update * plan.data.max_doc_tokens)
@@ -134,7 +138,13 @@ def from_measurements(plan, arms: dict[str, dict], name: str) -> Machine:
     return Machine(name=name, single_s=c1, tokens_per_update=tokens, usd_per_host_hour=host_price(plan),
                    cross_zone_usd_per_gb=i.cross_zone_usd_per_gb,
                    link_mbit=rates.pop() if len(rates) == 1 else float("nan"), arms=inputs,
-                   source="medians of the study's measured seconds and logical bytes per update", measured_s=measured)
+                   source="medians of the study's measured seconds and logical bytes per update", measured_s=measured,
+                   one_process=solo)
+
+
+def _skip(plan, arm: str) -> int:
+    """The updates of `arm` its medians leave out: its PowerSGD warm-up, and DDP's bucket rebuild at update 2."""
+    return max(plan.arm(arm).warmup_updates, 2)
 
 
 def with_link_efficiency(m: Machine, plan, arms: dict[str, dict]) -> Machine:
@@ -144,14 +154,13 @@ def with_link_efficiency(m: Machine, plan, arms: dict[str, dict]) -> Machine:
     machine is then a prediction at every other rate, never a check of the rate it was fitted on."""
     if not math.isinf(m.link_mbit):
         raise ValueError("a link efficiency is fitted on a machine measured over loopback (its x free of any link)")
-    skip = max(plan.powersgd.warmup_updates, 2)  # as `from_measurements` reads the loopback runs
     fitted, measured, rates = dict(m.arms), dict(m.measured_s or {}), set()
     for arm, got in arms.items():
         rate = _rate(got.get("link_rate_mbit"))
         if arm not in m.arms or rate is None or math.isinf(rate):
             continue
         a = m.arms[arm]
-        t = _median_after(got["step_s"], skip)
+        t = _median_after(got["step_s"], _skip(plan, arm))  # as `from_measurements` reads the loopback runs
         link_s = t - m.single_s * TWO_HOST_SHARE - a.extra_s
         if link_s <= 0:
             raise ValueError(f"{arm} at {rate:g} Mbit/s took {t:.3f} s, no more than over loopback: "
@@ -163,7 +172,7 @@ def with_link_efficiency(m: Machine, plan, arms: dict[str, dict]) -> Machine:
         raise ValueError(f"fit the link efficiency on one link rate, got {sorted(rates) or 'none'}")
     return Machine(name=m.name, single_s=m.single_s, tokens_per_update=m.tokens_per_update,
                    usd_per_host_hour=m.usd_per_host_hour, cross_zone_usd_per_gb=m.cross_zone_usd_per_gb,
-                   link_mbit=rates.pop(), arms=fitted, measured_s=measured,
+                   link_mbit=rates.pop(), arms=fitted, measured_s=measured, one_process=m.one_process,
                    source=m.source + "; each arm's link efficiency fitted on its run across the link")
 
 
@@ -191,7 +200,7 @@ def with_speed_ratio(m: Machine, plan, row: dict) -> dict:
     one-process row, on the plan's two hosts over this machine's link. None where the baseline did
     not run."""
     base = plan.screen.speed_baseline
-    if base != "single" and base not in m.arms:
+    if base != m.one_process and base not in m.arms:
         return row
     hosts, rate = (row["hosts"], row["rate_mbit"]) if row["hosts"] > 1 else (2, m.link_mbit)
     tps = {row["arm"]: row["tokens_per_s"],
@@ -201,7 +210,7 @@ def with_speed_ratio(m: Machine, plan, row: dict) -> dict:
 
 def grid(m: Machine, plan, hosts=DEFAULT_HOSTS, rates_mbit=None) -> list[dict]:
     rates = list(rates_mbit or [m.link_mbit])
-    rows = [with_speed_ratio(m, plan, project(m, "single", 1, math.inf, plan.train_docs,
+    rows = [with_speed_ratio(m, plan, project(m, m.one_process, 1, math.inf, plan.train_docs,
                                                 plan.schedule.docs_per_update))]
     for arm in m.arms:
         looped = math.isinf(m.link_mbit)  # never crossed a link: shown as measured, not extrapolated

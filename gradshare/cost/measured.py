@@ -5,7 +5,7 @@ An arm's update on the measured hosts:
 
     t(arm, u) = compute x share + exchange(u)
 
-    compute     one device's whole update: the single arm's measured median where it finished,
+    compute     one device's whole update: a one-process arm's measured median where it finished,
                 else the projection's (GPU study) or `arms.expected_update_s` (CPU study)
     share       1 for single; 1/2 for the plan's two-process arms (each rank half the documents)
     exchange    a dense update: the preflight's median round of dense's own buckets all-reduced,
@@ -116,12 +116,13 @@ def plan_with(plan, figures: dict) -> tuple[object, str]:
 
 
 def compute_s(study: str, plan) -> tuple[float, str]:
-    """One device's whole update: the single arm's measured median, or the plan's figure."""
-    for run in study_runs.search(study, "train", "single", status="FINISHED"):
-        hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
-        if hist:
-            return statistics.median(hist), f"the single arm's measured median (run {run.info.run_id})"
-    return plan.arms.expected_update_s, "the plan's arms.expected_update_s (no single arm finished yet)"
+    """One device's whole update: a one-process arm's (kind `single`) measured median, or the plan's figure."""
+    for arm in (a.name for a in plan.arm_list() if not a.is_ddp):
+        for run in study_runs.search(study, "train", arm, status="FINISHED"):
+            hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
+            if hist:
+                return statistics.median(hist), f"the {arm} arm's measured median (run {run.info.run_id})"
+    return plan.arms.expected_update_s, "the plan's arms.expected_update_s (no one-process arm finished yet)"
 
 
 def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, shapes, start_epoch: float,
@@ -229,7 +230,7 @@ def table(figures: dict) -> str:
               + "".join(f"; {r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in g["arms"]) + "."]
     if g["speed_ratio"]:
         s = g["speed_ratio"]
-        cand, base = g.get("speed_arms", ["powersgd", "single"])
+        cand, base = g["speed_arms"]
         lines.append(f"Speed screen: {s['verdict']} ({cand} over {base}: {s['first']:.2f} at the first window's rate, "
                      f"{s['last']:.2f} at the last's). Quality screen: {g['quality']}.")
     if figures.get("upload"):

@@ -55,7 +55,6 @@ from gradshare.tracking import study_runs
 
 DEFAULT_HOSTS = ML.DEFAULT_HOSTS
 PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
-ARMS = ("single", "dense", "powersgd")
 
 
 class Hosts:
@@ -77,9 +76,8 @@ class Hosts:
         cost = cost or self.cost
         kind = self.plan.arm(arm)
         if not kind.is_ddp:
-            return cost.seconds(arm, row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
-        warm = kind.has_powersgd and not kind.compresses(update)  # PowerSGD's warm-up: a plain all-reduce
-        t = cost.seconds("dense" if warm else arm, row["w2"]["padded_tokens"], row["w2"]["micro_batches"])
+            return cost.seconds(kind, row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
+        t = cost.seconds(kind, row["w2"]["padded_tokens"], row["w2"]["micro_batches"], update)
         link = 0.0 if math.isinf(rate_mbit) else wire_bytes_per_rank(self.logical_bytes(arm, update), world) * 8 / (rate_mbit * 1e6)
         return t + link
 
@@ -102,7 +100,7 @@ class Hosts:
 
     def table(self, world: int = 2, rate_mbit: float | None = None, record=None, cost=None) -> list[dict]:
         rate = self.plan.infra.link_gbit * 1e3 if rate_mbit is None else rate_mbit
-        rows = [self.arm(a, world, rate, record, cost) for a in ARMS if a in self.plan.arms.names]
+        rows = [self.arm(a, world, rate, record, cost) for a in self.plan.arms.names]
         tps = {r["arm"]: r["tokens_per_s"] for r in rows}
         base = next(r for r in rows if r["arm"] == self.plan.screen.speed_baseline)
         for r in rows:
@@ -135,11 +133,12 @@ def _solve(f, lo: float, hi: float, target: float) -> float | None:
     return hi
 
 
-def break_even(h: Hosts, arm: str = "powersgd") -> dict:
+def break_even(h: Hosts, arm: str | None = None) -> dict:
     """Where the screens would flip for `arm` on the plan's two hosts: the link rate (at the study's
     documents) and the document length (at the plan's link) at which the speed screen passes, and
     the document length at which it uses fewer GPU-seconds than the speed baseline. None: not within 1 Mbit/s
-    to 100 Tbit/s, or documents 1/20 to 200 times as long."""
+    to 100 Tbit/s, or documents 1/20 to 200 times as long. `arm`: the plan's candidate where None."""
+    arm = arm or h.plan.arms.candidate
     need = h.plan.screen.speed_ratio
     link = h.plan.infra.link_gbit * 1e3
     tokens = h.record["median"]["input_tokens"]
@@ -152,10 +151,11 @@ def break_even(h: Hosts, arm: str = "powersgd") -> dict:
             "ratio_at_infinite_link": h.ratio(arm, 2, math.inf)}
 
 
-def sensitivity(h: Hosts, arm: str = "powersgd") -> dict:
-    """The verdicts (speed screen passed, cheaper than the baseline) with the host link's pinned rate
-    `infra.host_pinned_uncertainty` below and above the declared figure."""
-
+def sensitivity(h: Hosts, arm: str | None = None) -> dict:
+    """The verdicts (speed screen passed, cheaper than the baseline) of `arm` (the plan's candidate
+    where None) with the host link's pinned rate `infra.host_pinned_uncertainty` below and above
+    the declared figure."""
+    arm = arm or h.plan.arms.candidate
     u, link = h.plan.infra.host_pinned_uncertainty, h.plan.infra.link_gbit * 1e3
     out = {}
     for label, f in (("low", 1 - u), ("declared", 1.0), ("high", 1 + u)):
@@ -188,16 +188,19 @@ def compute(plan, record: dict, workload_source: str, calibration: gpu_cost.Cali
     """Everything `gradshare project` prints and the report shows, as plain JSON."""
     h = Hosts(plan, record, calibration or gpu_cost.load(), workload_source)
     m = record["median"]
-    per_update = {a: h.cost.parts(a, *((m["w2_padded_tokens"], m["w2_micro_batches"]) if plan.arm(a).is_ddp
-                                       else (m["w1_padded_tokens"], m["w1_micro_batches"]))) for a in ARMS}
-    curves = [{"arm": a, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a, w, g * 1e3)}
-              for a in ("dense", "powersgd") if a in plan.arms.names for w in hosts for g in PLOT_RATES_GBIT]
+    per_update = {a.name: h.cost.parts(a, *((m["w2_padded_tokens"], m["w2_micro_batches"]) if a.is_ddp
+                                            else (m["w1_padded_tokens"], m["w1_micro_batches"])))
+                  for a in plan.arm_list()}
+    curves = [{"arm": a.name, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a.name, w, g * 1e3),
+               "compressed": a.has_powersgd}
+              for a in plan.arm_list() if a.is_ddp for w in hosts for g in PLOT_RATES_GBIT]
     return {"machine": f"{len(plan.infra.hosts)} x {plan.infra.instance_type} ({plan.infra.gpu}), a projection",
             "link_mbit": plan.infra.link_gbit * 1e3, "rows": h.table(), "parts_s": per_update,
             "break_even": break_even(h, plan.arms.candidate), "sensitivity": sensitivity(h, plan.arms.candidate),
             "curves": curves,
             "provenance": provenance(h), "speed_screen": plan.screen.speed_ratio,
-            "candidate": plan.arms.candidate, "baseline": plan.screen.speed_baseline}
+            "candidate": plan.arms.candidate, "baseline": plan.screen.speed_baseline,
+            "baseline_one_process": not plan.arm(plan.screen.speed_baseline).is_ddp}
 
 
 def verdict_lines(p: dict) -> list[str]:
@@ -222,7 +225,7 @@ def verdict_lines(p: dict) -> list[str]:
                       if b["tokens_per_update_for_fewer_gpu_s"] else
                       "no document length within 200 times the study's"
                       + (" (two GPUs, each doing half of single's matrix work, use at least single's GPU-seconds, "
-                         "and each adds its own optimizer and exchange)." if base == "single" else ".")))
+                         "and each adds its own optimizer and exchange)." if p.get("baseline_one_process") else ".")))
         s = p["sensitivity"]
         out.append(("The verdict flips within the host link's uncertainty: " if s["flips"] else
                     "The verdict holds within the host link's uncertainty: ")
@@ -262,18 +265,20 @@ def plot(p: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     counts = sorted({c["hosts"] for c in p["curves"]})
     colour = {w: plt.cm.viridis(k / max(1, len(counts) - 1)) for k, w in enumerate(counts)}  # one per host count
-    for arm, style in (("powersgd", "-"), ("dense", ":")):
+    arms = list(dict.fromkeys((c["arm"], c.get("compressed", c["arm"] == p["candidate"])) for c in p["curves"]))
+    for k, (arm, compressed) in enumerate(arms):  # solid: a compressing arm, dotted: plain all-reduce
         for w in counts:
             pts = [(c["rate_mbit"] / 1e3, c["speed_ratio"]) for c in p["curves"] if c["arm"] == arm and c["hosts"] == w]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, style, color=colour[w], marker="o", markersize=3, label=f"{arm}, {w} hosts")
+                ax.plot(xs, ys, "-" if compressed else ":", color=colour[w], marker="os^vD"[k % 5], markersize=3,
+                        label=f"{arm}, {w} hosts")
     ax.axhline(p["speed_screen"], color="grey", linestyle="--", linewidth=0.8, label="speed screen")
     ax.axvline(p["link_mbit"] / 1e3, color="grey", linestyle=":", linewidth=0.8, label="plan's link")
     ax.set_xscale("log")
     ax.set_xlabel("link, Gbit/s each way")
     ax.set_ylabel(f"speed ratio vs {p['baseline']}")
-    ax.set_title("Projected speed on the study's hosts (solid: powersgd, dotted: dense)")
+    ax.set_title("Projected speed on the study's hosts (solid: PowerSGD, dotted: plain all-reduce)")
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -288,7 +293,10 @@ def full_shape(plan):
     if plan.study.profile == "full":
         return plan
     full = load_plan("full", {})
-    return replace(full, infra=plan.infra, screen=plan.screen, powersgd=replace(full.powersgd, rank=plan.powersgd.rank))
+    return replace(full, infra=plan.infra, screen=plan.screen,
+                   arms=replace(full.arms, rows=plan.arms.rows, candidate=plan.arms.candidate,
+                                controls=plan.arms.controls),
+                   powersgd=replace(full.powersgd, rank=plan.powersgd.rank))
 
 
 def full_profile_workload(log=print) -> tuple[object, dict]:

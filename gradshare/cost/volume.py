@@ -12,7 +12,7 @@ much; on TCP/IP over Ethernet each 1,448 bytes of payload take 1,514 on the wire
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GRADIENT_BYTES = 4  # every arm exchanges FP32 gradients (PowerSGD: FP32 P and Q)
 WIRE_OVERHEAD = 1514 / 1448
@@ -87,25 +87,30 @@ def logical_bytes_per_exchange(param_shapes: list[tuple[int, ...]], element_byte
 @dataclass(frozen=True)
 class ExchangeBytes:
     """One rank's logical bytes per exchange of the plan's model: the whole gradient (`dense`), and
-    PowerSGD's P and Q with the tensors it leaves uncompressed (`compressed`)."""
+    PowerSGD's P and Q with the tensors it leaves uncompressed, at the plan's `powersgd.rank`
+    (`compressed`) and at every rank an arm of the plan uses (`by_rank`)."""
     dense: int
     compressed: int
+    by_rank: dict[int, int] = field(default_factory=dict)
 
     def of(self, arm, update: int) -> int:
         """What `arm` (`Plan.arm(name)`) exchanges at `update` (1-based): nothing in one process,
-        P and Q once PowerSGD compresses, the whole gradient otherwise (its warm-up included)."""
+        P and Q at its rank once PowerSGD compresses, the whole gradient otherwise (its warm-up
+        included)."""
         if not arm.is_ddp:
             return 0
-        return self.compressed if arm.compresses(update) else self.dense
+        return self.by_rank[arm.rank] if arm.compresses(update) else self.dense
 
 
 def exchange_bytes(plan, param_shapes: list[tuple[int, ...]]) -> ExchangeBytes:
-    """The bytes per update of every arm of `plan` (its PowerSGD rank and compression rule) for a
-    model of `param_shapes`: the one figure the loop meters, the budget bills and the projection sends."""
+    """The bytes per update of every arm of `plan` (each PowerSGD arm's rank, the plan's compression
+    rule) for a model of `param_shapes`: the one figure the loop meters, the budget bills and the
+    projection sends."""
     p = plan.powersgd
+    ranks = {p.rank} | {a.rank for a in plan.arm_list() if a.has_powersgd}
+    by_rank = {r: logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, r, p.min_compression_rate) for r in ranks}
     return ExchangeBytes(dense=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, None),
-                         compressed=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, p.rank,
-                                                               p.min_compression_rate))
+                         compressed=by_rank[p.rank], by_rank=by_rank)
 
 
 def crosses_zones(plan, arm: str) -> bool:

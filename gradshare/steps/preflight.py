@@ -183,7 +183,7 @@ def run_preflight(study: str, launch: Launch, log=print) -> dict:
     run = mlflow.active_run()
     figures["run_id"] = run.info.run_id
     done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
-    startup = limits.expected_arm(study, plan, "single")["startup_s"]
+    startup = limits.expected_startup_s(study, plan)
     # a GPU study: each arm's update from the GPU projection with the measured link and host link,
     # kept with the figures for the limits (which load no torch to recompute it)
     figures["per_update"] = projection.gpu_per_update(plan, prep, figures)

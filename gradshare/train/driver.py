@@ -93,10 +93,15 @@ def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
                         f"{have}: {hint}; nothing was trained, no attempt used")
 
 
+def check_arm(plan: Plan, arm: str) -> None:
+    """Refuse an arm that is not a row of the study's plan (`arms.rows`), naming its arms."""
+    if arm not in plan.arms.names:
+        raise Refusal(f"arm {arm!r} is not an arm of the study's plan: choose one of {', '.join(plan.arms.names)}")
+
+
 def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
     """Take the arm's start in the study's ledger; returns the attempt number or refuses."""
-    if arm not in plan.arms.names:
-        raise Refusal(f"arm {arm!r} is not in the plan's arms {list(plan.arms.names)}")
+    check_arm(plan, arm)
     index = claims.append(prep.info.run_id, "train", arm, own_run_id)
     return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
 
@@ -445,6 +450,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
 
     prep, plan = store.prepared_plan(study)
     mlflow.set_tags({PLAN_SHA: plan.sha256(), PREPARE_RUN: prep.info.run_id})
+    check_arm(plan, arm)
     check_launch(launch, full_state_every)
     check_devices(plan, arm, launch)
     # Scratch of this step alone: removed when it ends, whatever happened.
@@ -493,7 +499,10 @@ def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: i
     if resume is None:
         mlflow.set_tags({ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
         print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
-        mlflow.log_params({"arm": arm, "processes": plan.arms.processes(arm), "device": plan.hardware.device,
+        row = plan.arm(arm)  # the arm's row as columns of the runs table: its kind, and PowerSGD's own settings
+        mlflow.log_params({"arm": arm, "kind": row.kind, "processes": row.processes, "device": plan.hardware.device,
+                           **({"powersgd_rank": row.rank, "powersgd_warmup_updates": row.warmup_updates}
+                              if row.has_powersgd else {}),
                            "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
                            "main_process_ip": launch.main_process_ip, "attempt": attempt,
                            "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
@@ -557,6 +566,7 @@ def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
     """Machine rank > 0 of a multi-host arm: verified inputs and workers, no MLflow run of its
     own (rank 0's run records the arm; this host's wire bytes reach it through the group)."""
     prep, plan = store.prepared_plan(study)
+    check_arm(plan, arm)
     check_launch(launch)
     check_devices(plan, arm, launch)
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-host{launch.machine_rank}-"))

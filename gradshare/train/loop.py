@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradshare.contract import metrics as M
-from gradshare.contract.plan import Arm, Plan
+from gradshare.contract.arms_plan import Arm
+from gradshare.contract.plan import Plan
 from gradshare.cost.volume import ExchangeBytes, exchange_bytes
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
@@ -177,7 +178,7 @@ def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hoo
         # a fresh GPU run pins its whole host error now (a resumed one brings its own)
         pool = sum(q.numel() for q in model.parameters() if q.requires_grad) \
             if (device.type == "cuda" and register_hook and p.hook == "fast") else 0
-        state = make_powersgd_state(dist.group.WORLD, p.rank, p.warmup_updates, p.warm_start,
+        state = make_powersgd_state(dist.group.WORLD, arm.rank, arm.warmup_updates, p.warm_start,
                                     p.error_feedback, p.min_compression_rate, plan.study.seed,
                                     hook=p.hook, orthogonalization=p.orthogonalization,
                                     staging_mb=p.staging_mb, host_error_numel=pool)

@@ -42,9 +42,9 @@ def _per_case(study, model, tmp_path):
 def test_paired_changes_and_retention_match_scipy_on_the_studys_per_case_data(analysed):
     study, _, files, tmp = analysed
     v = json.loads(files["verdicts.json"].read_text())
-    data = {m: _per_case(study, m, tmp) for m in ("seed", "single", "dense", "powersgd")}
+    data = {m: _per_case(study, m, tmp) for m in ("seed", "single", "dense", "powersgd", "powersgd8")}
     for a, b in (("powersgd", "seed"), ("powersgd", "single"), ("powersgd", "dense"),
-                 ("single", "seed"), ("dense", "seed")):
+                 ("single", "seed"), ("dense", "seed"), ("powersgd8", "seed")):
         ids = sorted(data[a][0])
         d = np.array([data[a][0][i]["correct"] - data[b][0][i]["correct"] for i in ids], float)
         se = 0.0 if np.all(d == d[0]) else float(sps.sem(d))
@@ -82,6 +82,28 @@ def test_screens_are_decided_from_the_declared_thresholds(analysed):
         assert c["usd"] == pytest.approx(c["host_hours"] * 0.1008)  # a CPU run: priced as the CPU host
         assert c["usd_on_study_hosts"] == pytest.approx(c["host_hours"] * 2.24208)  # g6e: projection only
         assert c["gpu_s_total"] >= c["gpu_s_active"] > 0
+
+
+def test_a_fourth_arm_is_trained_scored_and_reported_like_the_others(analysed):
+    """The small study's fourth row, PowerSGD at rank 8 (`powersgd8`): its verdict entries, its
+    bytes (its own rank's P and Q, fewer than rank 32's), and its rows in every table of the report
+    and the analyze run's columns, beside the three arms'; the screens still judge the candidate."""
+    study, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    assert set(v["arms"]) == {"seed", "single", "dense", "powersgd", "powersgd8"}
+    a = v["arms"]["powersgd8"]
+    assert a["status"] == "FINISHED" and a["accuracy"] is not None
+    assert "powersgd8-seed" in v["pairs"] and v["retention_change"]["powersgd8"]["upper"] is not None
+    assert v["candidate"] == "powersgd" and "powersgd8" not in v["controls"]
+    c8, c32 = v["cost"]["powersgd8"], v["cost"]["powersgd"]
+    assert 0 < c8["logical_bytes_after_warmup"] < c32["logical_bytes_after_warmup"]
+    [t8] = study_runs.search(study, "train", "powersgd8", status="FINISHED")
+    assert t8.data.params["powersgd_rank"] == "8"
+    md = files["report.md"].read_text()
+    tables = [line for line in md.splitlines() if line.startswith("| powersgd8 ") or line.startswith("| powersgd8-seed")]
+    assert len(tables) >= 3, md  # the arms', the pairs' and the cost table's rows at least
+    for k in ("gpu_s_total", "usd", "cross_zone_usd"):
+        assert run.data.metrics[f"cost/powersgd8/{k}"] == pytest.approx(c8[k], rel=1e-12, abs=1e-15)
 
 
 def test_the_analyze_run_shows_the_verdict_as_columns_of_the_runs_table(analysed):

@@ -8,11 +8,11 @@ from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import ARM, CKPT_SHA, FAILURE, REFUSAL, STEP
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
-from tests.conftest import SMALL, overrides, run_entry
+from tests.conftest import SMALL_STUDY, overrides, run_entry
 
 pytestmark = pytest.mark.e2e
 
-PLAN = load_plan("tiny", SMALL)
+PLAN = load_plan("tiny", SMALL_STUDY)  # the small study: four arms, powersgd8 the fourth
 
 
 def test_score_before_commit_refuses_with_a_clear_message(failing_study):
@@ -64,12 +64,12 @@ def test_train_refuses_new_candidates_once_the_study_is_committed(partial_study)
 def test_one_score_step_is_a_parent_run_with_one_nested_run_per_model(scored):
     [parent] = [r for r in study_runs.search(scored, "score", status="FINISHED") if ARM not in r.data.tags]
     children = [r for r in study_runs.search(scored, "score", status="FINISHED") if ARM in r.data.tags]
-    assert sorted(r.data.tags[ARM] for r in children) == ["dense", "powersgd", "seed", "single"]
+    assert sorted(r.data.tags[ARM] for r in children) == ["dense", "powersgd", "powersgd8", "seed", "single"]
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent.info.run_id}
 
 
 def test_score_runs_carry_per_case_files_for_the_seed_and_every_arm(scored, tmp_path):
-    for name in ("seed", "single", "dense", "powersgd"):
+    for name in ("seed", *PLAN.arms.names):
         [run] = study_runs.search(scored, "score", name, status="FINISHED")
         test = read_jsonl(study_runs.download(run.info.run_id, "per_case/test.jsonl", tmp_path / name))
         ret = read_jsonl(study_runs.download(run.info.run_id, "per_case/retention.jsonl", tmp_path / name))
@@ -226,3 +226,4 @@ def test_each_arm_is_scored_with_its_own_committed_weights(scored, tmp_path):
         assert tests[case["id"]]["prediction"] == row["prediction"], arm
     # the check can tell the arms apart: PowerSGD's weights are not the plain arms'
     assert abs(recomputed["powersgd"] - recomputed["single"]) > 1e-4, recomputed
+    assert abs(recomputed["powersgd8"] - recomputed["powersgd"]) > 1e-6, recomputed  # rank 8 is its own model

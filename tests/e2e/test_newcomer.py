@@ -35,25 +35,6 @@ def test_the_design_cards_literal_command_without_conda_says_what_to_do_and_leav
     assert {r.info.run_id for r in after if r.info.status == "RUNNING"} <= was_running
 
 
-def test_an_unknown_arm_creates_no_run_and_names_the_arms(mlflow_server):
-    before = {r.info.run_id for r in _all_runs()}
-    proc = _mlflow_run("-e", "train", "--env-manager", "local", "-P", "arm=dense2")
-    assert proc.returncode != 0 and "single, dense, powersgd" in proc.stderr
-    assert {r.info.run_id for r in _all_runs()} == before
-
-
-def test_with_an_experiment_name_a_bad_arm_is_a_failed_refusal_with_the_allowed_arms(mlflow_server):
-    proc = _mlflow_run("-e", "train", "--env-manager", "local", "--experiment-name", "typo-study",
-                       "-P", "study=typo-study", "-P", "arm=dense2")
-    assert proc.returncode != 0
-    [run] = connection.client().search_runs([mlflow.get_experiment_by_name("typo-study").experiment_id])
-    # the parser ends it KILLED, a refusal; `mlflow run` then ends it FAILED (MLflow 3.17's check for an
-    # ended run is broken) until its process calls tracking.mlflow_run_keeps_the_steps_end (test_first_day)
-    assert run.info.status == "FAILED" and run.data.tags[REFUSAL] == "true"
-    reason = run.data.tags[FAILURE]
-    assert "dense2" in reason and all(arm in reason for arm in ("single", "dense", "powersgd")), reason
-
-
 @pytest.fixture(scope="module")
 def nameless_study(mlflow_server):
     """Prepared through `mlflow run` with no --experiment-name at all."""
@@ -75,6 +56,36 @@ def test_a_study_launched_without_experiment_name_lives_in_its_own_experiment(na
     assert [r.data.tags.get(STEP) for r in runs] == ["prepare"]  # the launcher's run is the step's run
     assert runs[0].info.status == "FINISHED"
     assert len(connection.client().search_runs(["0"])) == default_before  # nothing landed in Default
+
+
+def test_an_unknown_arm_creates_no_run_and_names_the_studys_arms(nameless_study):
+    """The plugin reads the arms from the study's prepared plan (its `arms.rows`), before any run:
+    a name it does not hold is refused naming them, and a study with no plan to train is refused
+    naming the prepare command."""
+    study, _ = nameless_study
+    before = {r.info.run_id for r in _all_runs()}
+    proc = _mlflow_run("-e", "train", "--env-manager", "local", "-P", f"study={study}", "-P", "arm=dense2")
+    assert proc.returncode != 0
+    assert f"-P arm=dense2 is not an arm of study {study!r}: choose one of single, dense, powersgd" in proc.stderr
+    unprepared = _mlflow_run("-e", "train", "--env-manager", "local", "-P", "study=never-prepared", "-P", "arm=dense")
+    assert unprepared.returncode != 0 and "has no finished prepare run" in unprepared.stderr
+    assert {r.info.run_id for r in _all_runs()} == before
+
+
+def test_with_an_experiment_name_a_bad_arm_is_a_failed_refusal_with_the_studys_arms(nameless_study):
+    """MLflow asks the plugin nothing where the command names an experiment: the train step itself
+    refuses the arm against the prepared plan (after the test above that counts the study's runs)."""
+    study, _ = nameless_study
+    proc = _mlflow_run("-e", "train", "--env-manager", "local", "--experiment-name", study,
+                       "-P", f"study={study}", "-P", "arm=dense2")
+    assert proc.returncode != 0
+    exp = mlflow.get_experiment_by_name(study).experiment_id
+    [run] = [r for r in connection.client().search_runs([exp]) if r.data.tags.get(REFUSAL) == "true"]
+    # the parser ends it KILLED, a refusal; `mlflow run` then ends it FAILED (MLflow 3.17's check for an
+    # ended run is broken) until its process calls tracking.mlflow_run_keeps_the_steps_end (test_first_day)
+    assert run.info.status == "FAILED" and run.data.tags[REFUSAL] == "true"
+    reason = run.data.tags[FAILURE]
+    assert "dense2" in reason and all(arm in reason for arm in ("single", "dense", "powersgd")), reason
 
 
 def test_the_next_step_ends_stale_running_runs_failed_with_the_reason(nameless_study):

@@ -11,7 +11,7 @@ from gradshare.util.jsonio import read_jsonl
 from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import FAILURE, PLAN_SHA, STEP, STUDY
 from gradshare.tracking import study_runs
-from tests.conftest import SMALL, mlflow_run, run_entry, overrides
+from tests.conftest import FOUR_ARMS, SMALL, SMALL_STUDY, mlflow_run, run_entry, overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +27,7 @@ def prep(prepared_study, tmp_path_factory):
 
 def test_the_prepare_run_shows_every_plan_parameter_plan_json_manifest_and_tags(prepared_study, prep):
     run, inputs, plan_json = prep
-    plan = load_plan("tiny", SMALL)
+    plan = load_plan("tiny", SMALL_STUDY)
     assert {k: run.data.params.get(k) for k in plan.flat()} == plan.flat()
     assert plan_json["plan_sha256"] == plan.sha256()
     assert run.data.tags[STUDY] == prepared_study
@@ -106,7 +106,7 @@ def test_the_seed_model_has_lower_probe_nll_than_the_untrained_model_it_started_
 
 def test_two_prepares_of_the_same_plan_give_identical_hashes(prepared_study, prep):
     _, inputs, _ = prep
-    run_entry("prepare", "--study", "small-study-again", *overrides())
+    run_entry("prepare", "--study", "small-study-again", *overrides(FOUR_ARMS))
     again = study_runs.download(study_runs.prepare_run("small-study-again").info.run_id, "inputs/manifest.json",
                        Path(inputs).parent / "again")
     a = json.loads((inputs / "manifest.json").read_text())
@@ -115,7 +115,7 @@ def test_two_prepares_of_the_same_plan_give_identical_hashes(prepared_study, pre
 
 
 def test_a_second_prepare_of_a_study_refuses_unless_told_to_start_a_new_study(prepared_study):
-    proc = mlflow_run("prepare", prepared_study, SMALL, check=False)
+    proc = mlflow_run("prepare", prepared_study, SMALL_STUDY, check=False)
     assert proc.returncode != 0
     assert "already prepared" in proc.stdout + proc.stderr
     failed = [r for r in study_runs.search(prepared_study, "prepare") if r.info.status == "FAILED"]

@@ -14,7 +14,7 @@ from gradshare.contract import metrics as M
 from gradshare.contract.tags import CKPT_SHA, FAILURE, PLAN_SHA, REFUSAL
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
-from tests.conftest import overrides, run_entry
+from tests.conftest import FOUR_ARMS, overrides, run_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ ARMS = ("single", "dense", "powersgd")
 def studies(mlflow_server, trained_study):
     """The same plan twice: `trained_study` trained every arm straight through, "resumed" kills
     each arm after its full state at update 4 and resumes it."""
-    run_entry("prepare", "--study", "resumed", *overrides())
+    run_entry("prepare", "--study", "resumed", *overrides(FOUR_ARMS))  # the small study's plan
     for arm in ARMS:
         victim = 0 if arm == "single" else 1
         killed = run_entry("train", "--study", "resumed", "--arm", arm, "--full-state-every", str(SAVED),
@@ -135,7 +135,9 @@ def test_the_commitment_and_the_report_say_which_arms_were_resumed(studies):
     run_entry("commit", "--study", "resumed")
     from gradshare.tracking import store
     _, commitment = store.commitment("resumed")
-    for entry in commitment["arms"]:
+    resumed = [e for e in commitment["arms"] if e["arm"] in ARMS]  # the plan's fourth arm never ran here
+    assert len(resumed) == len(ARMS)
+    for entry in resumed:
         assert entry["status"] == "FINISHED"
         [attempt] = entry["attempts"]
         assert attempt["resumed_after_updates"] == [SAVED] and attempt["full_state_bytes"] > 0

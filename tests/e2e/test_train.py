@@ -1,4 +1,5 @@
-"""`train`: three arms that differ only in how the gradient is communicated."""
+"""`train`: arms that differ only in how the gradient is communicated (the small study's four:
+the study's three, and PowerSGD at rank 8)."""
 import json
 
 import pytest
@@ -8,11 +9,11 @@ from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import ARM, ATTEMPT, CKPT_SHA, FAILURE, REFUSAL, STEP, STUDY
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
-from tests.conftest import SMALL, overrides, run_entry
+from tests.conftest import SMALL, SMALL_STUDY, overrides, run_entry
 
 pytestmark = pytest.mark.e2e
 
-ARMS = ("single", "dense", "powersgd")
+ARMS = load_plan("tiny", SMALL_STUDY).arms.names
 
 
 def _finished(study, arm):
@@ -26,7 +27,7 @@ def _weights(run, tmp_path):
     return load_file(str(ckpt / "model.safetensors"))
 
 
-def test_three_arms_see_the_same_documents_in_the_same_order(trained_study, tmp_path):
+def test_every_arm_sees_the_same_documents_in_the_same_order(trained_study, tmp_path):
     prep = study_runs.prepare_run(trained_study)
     sched = json.loads(study_runs.download(prep.info.run_id, "inputs/schedule.json", tmp_path).read_text())
     for arm in ARMS:
@@ -83,10 +84,10 @@ def _expected_compressed_bytes(weights, rank, rate=2.0):
 
 def test_powersgd_logical_bytes_after_warm_up_are_below_dense_by_the_expected_ratio(trained_study, tmp_path):
     c = connection.client()
-    plan = load_plan("tiny", SMALL)
+    plan = load_plan("tiny", SMALL_STUDY)
     hist = {a: {m.step: m.value for m in c.get_metric_history(_finished(trained_study, a).info.run_id,
                                                                  "comm/logical_bytes")}
-            for a in ("dense", "powersgd")}
+            for a in ("dense", "powersgd", "powersgd8")}
     weights = _weights(_finished(trained_study, "dense"), tmp_path)
     weights.pop("lm_head.weight", None)  # tied to the embedding: one parameter, one gradient
     dense_bytes = sum(t.numel() * 4 for t in weights.values())
@@ -96,6 +97,10 @@ def test_powersgd_logical_bytes_after_warm_up_are_below_dense_by_the_expected_ra
     assert all(hist["powersgd"][u] == dense_bytes for u in range(1, w + 1))
     assert all(hist["powersgd"][u] == expected for u in range(w + 1, 9))
     assert dense_bytes / expected > 2.0
+    # the fourth arm's row sets rank 8: its own P and Q after the same warm-up, fewer than rank 32's
+    at8 = _expected_compressed_bytes(weights, plan.arm("powersgd8").rank)
+    assert plan.arm("powersgd8").rank == 8 and at8 < expected
+    assert hist["powersgd8"] == {u: dense_bytes if u <= w else at8 for u in range(1, 9)}
 
 
 def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):

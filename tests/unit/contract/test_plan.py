@@ -53,9 +53,9 @@ def test_overrides_arrive_as_strings_and_are_typed():
 
 def test_32_documents_over_3_ranks_without_a_fitting_micro_batch_is_refused():
     with pytest.raises(PlanError) as e:
-        load_plan("tiny", {"arms.dense_processes": "3"})
+        load_plan("tiny", {"arms.rows": "single:single:1,dense:dense:3,powersgd:powersgd:2"})
     msg = str(e.value)
-    assert "arms.dense_processes=3" in msg and "schedule.docs_per_update=32" in msg
+    assert "dense's 3 processes (arms.rows)" in msg and "schedule.docs_per_update=32" in msg
     assert "schedule.micro_batch_docs=4" in msg
 
 
@@ -91,12 +91,12 @@ def test_plan_round_trips_through_plan_json():
 
 def test_every_field_is_a_flat_mlflow_parameter():
     flat = Plan().flat()
-    assert flat["schedule.updates"] == "128" and flat["arms.names"] == "single,dense,powersgd"
+    assert flat["schedule.updates"] == "128" and flat["arms.rows"] == "single:single:1,dense:dense:2,powersgd:powersgd:2"
     assert all(isinstance(v, str) and len(v) < 6000 for v in flat.values())
 
 
 def test_powersgd_needs_two_plain_exchanges_before_error_feedback():
-    with pytest.raises(PlanError, match="powersgd.warmup_updates must be >= 2"):
+    with pytest.raises(PlanError, match="powersgd.warmup_updates=1 must be >= 2"):
         load_plan("tiny", {"powersgd.warmup_updates": "1"})
 
 

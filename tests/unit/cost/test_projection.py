@@ -40,13 +40,16 @@ def _calibration():
 def test_each_part_scales_by_the_rate_it_is_bound_by():
     target = gpu_cost.GpuRates("half", matmul_tflops=400.0, memory_gbps=1000.0, pinned_both_gbps=50.0, source="-")
     c = _calibration().scaled_to(target)
-    parts = c.parts("powersgd", 2048, 1)
+    plan = load_plan("full", {})
+    parts = c.parts(plan.arm("powersgd"), 2048, 1)
     assert parts["matrix"] == pytest.approx(2048 * 20e-6 * 2)  # half the matrix rate
     assert parts["micro_batches"] == pytest.approx(0.005 * 4)  # a quarter of the memory bandwidth
     assert parts["fixed"] == pytest.approx(0.08) and parts["dense_extra"] == pytest.approx(0.04)
     assert parts["compress"] == pytest.approx(0.12)
     assert parts["error_copies"] == pytest.approx(2 * 6e9 / 50e9)  # up and down, both ways at once
-    assert set(c.parts("single", 1, 1)) == {"matrix", "micro_batches", "fixed"}
+    assert set(c.parts(plan.arm("single"), 1, 1)) == {"matrix", "micro_batches", "fixed"}
+    # PowerSGD's warm-up update is a plain all-reduce: dense's parts, no compression or copies
+    assert c.parts(plan.arm("powersgd"), 1, 1, update=1) == c.parts(plan.arm("dense"), 1, 1)
 
 
 def test_the_study_hosts_by_hand():
@@ -96,8 +99,8 @@ def test_documents_half_as_long_shrink_the_matrix_part_only():
     assert half["median"]["input_tokens"] == full["median"]["input_tokens"] / 2
     h_full, h_half = (P.Hosts(plan, r, gpu_cost.load(), "by hand") for r in (full, half))
     for arm in ("dense", "powersgd"):  # a rank's 16 documents: one micro-batch either way
-        a = h_full.cost.parts(arm, full["median"]["w2_padded_tokens"], full["median"]["w2_micro_batches"])
-        b = h_half.cost.parts(arm, half["median"]["w2_padded_tokens"], half["median"]["w2_micro_batches"])
+        a = h_full.cost.parts(plan.arm(arm), full["median"]["w2_padded_tokens"], full["median"]["w2_micro_batches"])
+        b = h_half.cost.parts(plan.arm(arm), half["median"]["w2_padded_tokens"], half["median"]["w2_micro_batches"])
         assert {k for k in a if a[k] != b[k]} == {"matrix"}
         assert b["matrix"] == pytest.approx(a["matrix"] / 2)
 

@@ -200,7 +200,7 @@ def test_a_complete_local_causal_lm_passes_the_model_check(model_dirs):
     ("prepare", ["--model.source", "hf:/no/such/model"], "model.source='hf:/no/such/model' names /no/such/model, "
                                                           "which does not exist"),
     ("study", ["--model.source", "hf:/no/such/model"], "which does not exist"),
-    ("prepare", ["--arms.dense_processes", "3"], "arms.dense_processes=3"),
+    ("prepare", ["--arms.rows", "single:single:1,dense:dense:3,powersgd:powersgd:2"], "dense's 3 processes (arms.rows)"),
 ], ids=["prepare, missing model", "study, missing model", "prepare, impossible plan"])
 def test_a_new_study_refused_straight_to_its_entry_point_archives_nothing(mlflow_server, entry, flags, said):
     """`--new-study true` archives the study it replaces: a refused one must leave that study

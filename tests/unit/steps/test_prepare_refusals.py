@@ -6,8 +6,8 @@ from tests.conftest import run_entry
 
 
 def test_an_impossible_plan_fails_the_prepare_run_with_the_reason(mlflow_server):
-    proc = run_entry("prepare", "--study", "impossible", "--arms.dense_processes", "3", check=False)
+    proc = run_entry("prepare", "--study", "impossible", "--arms.rows", "single:single:1,dense:dense:3,powersgd:powersgd:2", check=False)
     assert proc.returncode != 0
     [run] = study_runs.search("impossible", "prepare")
     assert run.info.status == "FAILED"
-    assert "arms.dense_processes=3" in run.data.tags[FAILURE]
+    assert "dense's 3 processes (arms.rows)" in run.data.tags[FAILURE]

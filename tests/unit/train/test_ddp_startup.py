@@ -36,7 +36,7 @@ def test_no_gradient_exists_when_ddp_builds_or_rebuilds_its_buckets(tmp_path, mo
 
     monkeypatch.setattr(loop, "DDP", Watched)
     docs, tok, schedule = _inputs(tmp_path)
-    plan = load_plan("tiny", {**SMALL, **PACKED, "arms.dense_processes": "1",
+    plan = load_plan("tiny", {**SMALL, **PACKED, "arms.rows": "single:single:1,dense:dense:1,powersgd:powersgd:2",
                               "hardware.gradient_as_bucket_view": "true"})
     assert loop.prebuilds_buckets(plan)
     model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)

@@ -62,7 +62,7 @@ def _inputs(root):
 
 def _train(arm: str, extra: dict, root, rank: int = 0, world: int = 1) -> dict:
     docs, tok, schedule = _inputs(root)
-    procs = {"arms.dense_processes": str(world), "arms.powersgd_processes": str(world)}
+    procs = {"arms.rows": f"single:single:1,dense:dense:{world},powersgd:powersgd:{world}"}
     plan = load_plan("tiny", {**SMALL, **procs, **extra})
     model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
     norms = []
@@ -147,7 +147,7 @@ def test_ddp_buckets_are_final_before_the_first_update(inputs_dir):
         for layout, extra in (("by-count", {}), ("packed", PACKED)):
             ptrs = []
             docs, tok, schedule = _inputs(inputs_dir)
-            plan = load_plan("tiny", {**SMALL, "arms.dense_processes": "1",
+            plan = load_plan("tiny", {**SMALL, "arms.rows": "single:single:1,dense:dense:1,powersgd:powersgd:2",
                                       "hardware.gradient_as_bucket_view": "true", **extra})
             model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
             loop.train(plan, "dense", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
@@ -211,7 +211,7 @@ def test_a_packed_arm_resumed_from_its_full_state_continues_exactly(inputs_dir, 
     from gradshare.train.loop import FullStatePolicy
 
     docs, tok, schedule = _inputs(inputs_dir)
-    plan = load_plan("tiny", {**SMALL, **PACKED, "arms.powersgd_processes": "1"})
+    plan = load_plan("tiny", {**SMALL, **PACKED, "arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:1"})
     saved = {}
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

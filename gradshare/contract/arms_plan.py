@@ -1,0 +1,198 @@
+"""The plan's arms (`gradshare.contract.plan` composes them): one row each in `arms.rows`, read as
+an `Arm` that code asks about (its kind, processes, PowerSGD rank and warm-up) instead of testing
+its name.
+
+    plan.arm("powersgd8")   # Arm(name='powersgd8', kind='powersgd', processes=2, rank=8, warmup_updates=8)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradshare.contract.errors import PlanError
+
+# The kinds of arm the study knows. An arm of the plan (a row of `arms.rows`) is one of them.
+ARM_KINDS = ("single", "dense", "powersgd")
+"""`single`: one process that accumulates its micro-batches; `dense`: DDP, one plain all-reduce of
+the gradient per update; `powersgd`: DDP with the PowerSGD communication hook."""
+
+ARM_OPTIONS = {"rank": "powersgd.rank", "warmup": "powersgd.warmup_updates"}
+"""A `powersgd` row's own hook settings (`rank=8`), and the plan field each defaults to."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm as the code asks about it (`Plan.arm(name)`, from its row of `arms.rows`): its kind,
+    how many processes, and for PowerSGD its rank and the updates before it compresses. Code asks
+    these questions instead of testing the arm's name."""
+    name: str
+    kind: str
+    processes: int
+    rank: int = 0
+    """PowerSGD's matrix approximation rank (0 for the other kinds)."""
+    warmup_updates: int = 0
+    """PowerSGD's first updates, exchanged as a plain all-reduce (0 for the other kinds)."""
+
+    @property
+    def is_ddp(self) -> bool:
+        """Its gradient goes through DDP (one exchange per update); `single` accumulates alone."""
+        return self.kind != "single"
+
+    @property
+    def has_powersgd(self) -> bool:
+        """A PowerSGD state and communication hook sit on its DDP."""
+        return self.kind == "powersgd"
+
+    def compresses(self, update: int) -> bool:
+        """Whether update `update` (1-based) exchanges PowerSGD's P and Q instead of the gradient."""
+        return self.has_powersgd and update > self.warmup_updates
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    """One row of `arms.rows` as written: `name:kind:processes[:rank=R][:warmup=W]`."""
+    name: str
+    kind: str
+    processes: int
+    options: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def parse(cls, row: str) -> "ArmRow":
+        """The row's fields, or a PlanError saying what is wrong with it."""
+        fields = row.split(":")
+        if len(fields) < 3:
+            raise PlanError(f"arms.rows entry {row!r} is not name:kind:processes[:rank=R][:warmup=W]")
+        name, kind, processes, *opts = (f.strip() for f in fields)
+        if not name or not all(c.isalnum() or c in "-_" for c in name):
+            raise PlanError(f"arms.rows entry {row!r}: the name {name!r} must be letters, digits, - or _ "
+                            f"(it names runs, files and tags)")
+        if kind not in ARM_KINDS:
+            raise PlanError(f"arms.rows entry {row!r}: kind {kind!r} is not one of {', '.join(ARM_KINDS)}")
+        options = []
+        for opt in opts:
+            key, eq, value = opt.partition("=")
+            if not eq or key not in ARM_OPTIONS or not value.strip().lstrip("-").isdigit():
+                raise PlanError(f"arms.rows entry {row!r}: {opt!r} is not one of "
+                                f"{', '.join(k + '=N' for k in ARM_OPTIONS)}")
+            if kind != "powersgd":
+                raise PlanError(f"arms.rows entry {row!r}: {key}= is a powersgd arm's setting, not a {kind} arm's")
+            options.append((key, int(value)))
+        if not processes.lstrip("-").isdigit():
+            raise PlanError(f"arms.rows entry {row!r}: processes {processes!r} is not a whole number")
+        return cls(name, kind, int(processes), tuple(options))
+
+
+@dataclass(frozen=True)
+class ArmsPlan:
+    rows: tuple[str, ...] = ("single:single:1", "dense:dense:2", "powersgd:powersgd:2")
+    """The arms, one row each, in the order they run (never overlapping):
+    `name:kind:processes`, the kind one of `ARM_KINDS`; a `powersgd` row may add its own
+    `:rank=R` and `:warmup=W` (default `powersgd.rank`, `powersgd.warmup_updates`).
+    A fourth arm, PowerSGD at rank 8: `...,powersgd8:powersgd:2:rank=8`."""
+    candidate: str = "powersgd"
+    """The arm the screens judge."""
+    controls: tuple[str, ...] = ("single", "dense")
+    """Arms the candidate must not be inferior to."""
+    max_attempts: int = 1
+    """Attempts an arm may make; 1: an arm that failed is never re-run. Every attempt is recorded."""
+    expected_update_s: float = 2.5
+    """Expected seconds per update of the slowest arm on the planned hardware: here the tiny dense
+    arm across the emulated hosts, a 5.77 MB exchange over the 22 Mbit/s link (`LinkPlan`, 2.2 s
+    with headers) plus one rank's compute (0.2 s), on a 2-core CPU."""
+    startup_s: float = 180.0
+    """Seconds allowed for an arm's start-up (model load, process group) and its checkpoint."""
+    expected_startup_s: float = 30.0
+    """Expected seconds of an arm besides its updates (start-up, checkpoint, upload): with
+    `expected_update_s`, what the deadline and budget checks project before the first arm."""
+    timeout_margin: float = 4.0
+    """An arm is stopped as `timeout` after startup_s + updates x expected_update_s x this margin."""
+    tracking_grace_s: float = 300.0
+    """Seconds an arm trains on while the tracking server does not answer (its records wait on
+    local disk, `gradshare.tracking.outbox`); past them it stops after a whole update, records kept."""
+    stall_s: float = 30.0
+    """A rank whose process has not run for this long (SIGSTOP, a frozen host) ends the arm, named
+    (`gradshare.train.heartbeat`); its heartbeat thread writes every second."""
+    hang_updates: float = 10.0
+    """Every rank alive but none completing an update for this many expected updates
+    (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
+
+    def hang_s(self) -> float:
+        """Seconds without a completed update on any rank before the arm counts as hung: never
+        shorter than `stall_s` (a plan that declares a fast update is not a hang at every pause)."""
+        return max(self.hang_updates * self.expected_update_s, self.stall_s)
+
+    def timeout_s(self, updates: int) -> float:
+        """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""
+        return self.startup_s + updates * self.expected_update_s * self.timeout_margin
+
+    def parsed(self) -> list[ArmRow]:
+        """Every row's fields (a PlanError for the first row that cannot be read)."""
+        return [ArmRow.parse(row) for row in self.rows]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The arms' names, in the order they run."""
+        return tuple(row.split(":", 1)[0].strip() for row in self.rows)
+
+    def row(self, arm: str) -> ArmRow:
+        """The row of the arm named `arm`; a PlanError naming the plan's arms where none is."""
+        for row in self.parsed():
+            if row.name == arm:
+                return row
+        raise PlanError(f"arm {arm!r} is not in the plan's arms.rows ({', '.join(self.names)})")
+
+    def processes(self, arm: str) -> int:
+        return self.row(arm).processes
+
+    def problems(self, plan) -> list[str]:
+        out, s = [], plan.schedule
+        try:
+            rows = self.parsed()
+        except PlanError as e:
+            return [str(e)]
+        if not rows:
+            out.append("arms.rows holds no arm")
+        if len(set(self.names)) != len(self.names):
+            out.append(f"arms.rows names an arm twice: {', '.join(self.names)}")
+        for row in rows:
+            world, opts = row.processes, dict(row.options)
+            if world < 1:
+                out.append(f"arms.rows: {row.name} has {world} processes; an arm needs >= 1")
+            elif row.kind == "single" and world != 1:
+                out.append(f"arms.rows: {row.name} is a single arm (one process that accumulates) but has "
+                           f"{world} processes; use kind dense for DDP")
+            elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
+                    s.docs_per_update % (world * s.micro_batch_docs) != 0:
+                out.append(f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
+                           f"{row.name}'s {world} processes (arms.rows) in micro-batches of "
+                           f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
+                           f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
+            if opts.get("rank", 1) < 1:
+                out.append(f"arms.rows: {row.name}'s rank={opts['rank']} must be >= 1")
+            if "warmup" in opts:
+                out += [f"arms.rows: {row.name}'s {line}" for line in
+                        warmup_problems(plan.powersgd, opts["warmup"], s.updates)]
+        if self.max_attempts < 1:
+            out.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
+        if self.expected_update_s <= 0 or self.startup_s <= 0 or self.timeout_margin < 1:
+            out.append("arms.expected_update_s and arms.startup_s must be > 0 and arms.timeout_margin >= 1")
+        if self.stall_s <= 0 or self.hang_updates <= 0:
+            out.append(f"arms.stall_s={self.stall_s:g} and arms.hang_updates={self.hang_updates:g} must be > 0 "
+                       f"(the bounds within which a stopped or hung rank ends the arm)")
+        if self.candidate not in self.names:
+            out.append(f"arms.candidate={self.candidate!r} is not an arm of arms.rows ({', '.join(self.names)})")
+        out += [f"arms.controls holds {c!r}, which is not an arm of arms.rows ({', '.join(self.names)})"
+                for c in self.controls if c not in self.names]
+        return out
+
+
+def warmup_problems(p, warmup: int, updates: int) -> list[str]:
+    """What is wrong with PowerSGD (`p`, the plan's `PowerSGDPlan`) warming up for `warmup` updates
+    (the plan's, or one arm's own)."""
+    out = []
+    if (p.warm_start or p.error_feedback != "none") and warmup < 2:
+        # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
+        # DDP rebuilds its buckets after the first exchange.
+        out.append(f"warmup_updates={warmup} must be >= 2 when warm start or error feedback is on")
+    if warmup >= updates:
+        out.append(f"warmup_updates={warmup} leaves no compressed update within schedule.updates={updates}")
+    return out
