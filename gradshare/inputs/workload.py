@@ -67,12 +67,18 @@ def scaled(record: dict, factor: float) -> dict:
     return {**record, "updates": ups, "median": medians(ups)}
 
 
+TRAINING_FILES = ("data/train_tasks.jsonl", "data/replay.jsonl")
+"""Where prepare's inputs hold the training documents: the generated tasks, the replay conversations."""
+
+
+def training_docs(inputs: Path) -> dict[str, dict]:
+    """Every training document of prepared inputs (or an arm's workdir, which mirrors them), by id."""
+    return {d["id"]: d for name in TRAINING_FILES for d in read_jsonl(Path(inputs) / name)}
+
+
 def from_inputs(plan, inputs: Path) -> dict:
     """`describe` of inputs written by prepare's `build_inputs` under `inputs`."""
-
-    docs = {}
-    for name in ("data/train_tasks.jsonl", "data/replay.jsonl"):
-        docs.update({d["id"]: d for d in read_jsonl(inputs / name)})
+    docs = training_docs(inputs)
     schedule = json.loads((inputs / "schedule.json").read_text())
     return describe(plan, docs, load_tokenizer(inputs / "tokenizer"), schedule)
 

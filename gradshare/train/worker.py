@@ -29,6 +29,7 @@ from gradshare.contract import metrics as M
 from gradshare.cost.limits import Limits
 from gradshare.data.tokenizer import load_tokenizer
 from gradshare.hosts import sockets
+from gradshare.inputs.workload import training_docs
 from gradshare.hosts.metering import (
     gather,
     host_counters,
@@ -47,19 +48,10 @@ from gradshare.train.replicas import ReplicaMismatch, check_agree
 from gradshare.train.result import StoreRefused, checkpoint_dir, record, signals_deferred
 from gradshare.util.hashing import checkpoint_sha256, file_entries
 from gradshare.util.devices import indexed
-from gradshare.util.jsonio import read_jsonl
 from gradshare.util.sources import set_determinism
 
 
 STARTED_AT = time.time()  # this process's first line after the interpreter and torch (phase `launch`)
-
-
-def _load_docs(workdir: Path) -> dict[str, dict]:
-    docs = {}
-    for name in ("data/train_tasks.jsonl", "data/replay.jsonl"):
-        for d in read_jsonl(workdir / name):
-            docs[d["id"]] = d
-    return docs
 
 
 @dataclass
@@ -145,7 +137,7 @@ def _train(r: _Rank):
         # a model's own tokenizer with our chat markers added: room for them in the embedding
         model.resize_token_embeddings(len(tokenizer))
     schedule = json.loads((workdir / workdir_files.SCHEDULE).read_text())
-    docs = _load_docs(workdir)
+    docs = training_docs(workdir)
 
     seen = []  # per-update hash of the document ids actually trained on, equal across arms
     launched = float(os.environ.get(env.LAUNCHED_AT_ENV) or STARTED_AT)
