@@ -280,7 +280,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
            "ran on one host, their traffic went over loopback and no cross-zone traffic was measured; a "
            "host is one network stack, so two namespaces of one machine count as two. The projected "
            "column prices the logical volume as if the two planned hosts were in different zones. "
-           "Host-hours count the hosts an arm uses (one for `single`, two for the others) over its "
+           "Host-hours count the hosts an arm uses (its processes in `arms.rows`: one for `single`, two for the others) over its "
            "train wall time; a host kept up while idle, and the prepare, score and analyze steps, are "
            "not in these figures or in the budget line.", ""]
     md += _projection(v.get("projection") or {}, v)
