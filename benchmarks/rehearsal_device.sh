@@ -32,7 +32,9 @@ PY
   cd - > /dev/null
 fi
 end=$((SECONDS + LIMIT_S))
-while [ ! -e $W/out/done ] && [ $SECONDS -lt $end ]; do sleep 5; done
+# the log goes to $OUT as it grows: a call cut short by the device's own limit (less device time
+# left than LIMIT_S) still brings back how far the rehearsal got
+while [ ! -e $W/out/done ] && [ $SECONDS -lt $end ]; do sleep 5; tail -c 4000000 $W/log > $OUT/log.txt; done
 tail -c 4000000 $W/log > $OUT/log.txt
 cp $W/harness/gpu_path.json $OUT/ 2>/dev/null
 cp $W/harness/profile_single.txt $OUT/profile_harness.txt 2>/dev/null
