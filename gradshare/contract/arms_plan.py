@@ -6,6 +6,7 @@ its name.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gradshare.contract.errors import PlanError
@@ -124,9 +125,9 @@ class ArmsPlan:
         """Wall-clock limit of one arm: the launcher's wait and every collective's timeout."""
         return self.startup_s + updates * self.expected_update_s * self.timeout_margin
 
-    def parsed(self) -> list[ArmRow]:
+    def parsed(self) -> tuple[ArmRow, ...]:
         """Every row's fields (a PlanError for the first row that cannot be read)."""
-        return [ArmRow.parse(row) for row in self.rows]
+        return _parsed(self.rows)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -183,6 +184,13 @@ class ArmsPlan:
         out += [f"arms.controls holds {c!r}, which is not an arm of arms.rows ({', '.join(self.names)})"
                 for c in self.controls if c not in self.names]
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(rows: tuple[str, ...]) -> tuple[ArmRow, ...]:
+    """The rows parsed once per distinct `arms.rows`: `Plan.arm` is asked per update in the
+    projection's solvers (tens of thousands of times), where re-parsing was most of their time."""
+    return tuple(ArmRow.parse(row) for row in rows)
 
 
 def warmup_problems(p, warmup: int, updates: int) -> list[str]:
