@@ -43,7 +43,7 @@ def _measured(rec) -> dict:
         arms[arm] = {"step_s": a.histories[M.STEP_S], "tokens_per_s": a.histories.get(M.TOKENS_PER_S),
                      "logical_bytes": a.histories.get(M.LOGICAL_BYTES) or [],
                      "link_rate_mbit": a.params.get("link_rate_mbit")}
-    if all(plan.arm(a).is_ddp for a in arms):
+    if not set(plan.one_process_arms()) & set(arms):
         return {"reason": "no one-process arm (kind single) finished: no one-device update to start from",
                 "missing": missing}
     m = ML.from_measurements(plan, arms, "this study's machine")

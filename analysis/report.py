@@ -181,7 +181,7 @@ def _loss_gap(rec: StudyRecord, out: Path, plt) -> Path:
     """Each arm's loss minus the one-process arm's (kind `single`: one device, the reference every
     other arm's function equals), update by update: where the curves overlap, the gap shows."""
     fig, ax = plt.subplots(figsize=(8, 3))
-    ref = next((a.name for a in rec.plan.arm_list() if not a.is_ddp), None)
+    ref = next(iter(rec.plan.one_process_arms()), None)
     base = dict(rec.arms[ref].histories.get(M.TRAIN_LOSS) or []) if ref in rec.arms else {}
     for arm, a in rec.arms.items():
         h = a.histories.get(M.TRAIN_LOSS) or []

@@ -321,6 +321,11 @@ class Plan:
         """Every arm of the plan, in the order they run."""
         return [self.arm(name) for name in self.arms.names]
 
+    def one_process_arms(self) -> list[str]:
+        """The arms that train on one device alone (kind `single`), in running order: the ones whose
+        update is one device's whole update, the reference the measured machine and the loss gap use."""
+        return [a.name for a in self.arm_list() if not a.is_ddp]
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

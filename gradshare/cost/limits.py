@@ -219,8 +219,8 @@ def study_left(study: str, prep, plan, now: float, spent_usd: float, shapes: lis
     if figures is None:
         return
     done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
-    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_startup_s(study, plan), shapes, study_start(prep), now, spent_usd, done,
-                                figures.get("per_update"))
+    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_startup_s(study, plan),
+                                shapes, study_start(prep), now, spent_usd, done, figures.get("per_update"))
     if verdict["go"] != "go":
         word = "deadline" if any("deadline" in w for w in verdict["why"]) else "budget"
         rows = ", ".join(f"{r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in verdict["arms"])

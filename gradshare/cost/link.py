@@ -113,7 +113,7 @@ def from_measurements(plan, arms: dict[str, dict], name: str) -> Machine:
     """A machine from measured arms: `arms[arm] = {"step_s": [(update, s)], "logical_bytes":
     [(update, bytes)], "link_rate_mbit": "22" | "inf" | ...}`; a one-process arm (kind `single`)
     must be among them."""
-    solo = next((a for a in arms if not plan.arm(a).is_ddp), None)
+    solo = next((a for a in plan.one_process_arms() if a in arms), None)
     if solo is None:
         raise ValueError("a projection from measurements needs a one-process arm (kind single: one device's update)")
     c1 = _median_after(arms[solo]["step_s"], 2)

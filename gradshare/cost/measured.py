@@ -117,7 +117,7 @@ def plan_with(plan, figures: dict) -> tuple[object, str]:
 
 def compute_s(study: str, plan) -> tuple[float, str]:
     """One device's whole update: a one-process arm's (kind `single`) measured median, or the plan's figure."""
-    for arm in (a.name for a in plan.arm_list() if not a.is_ddp):
+    for arm in plan.one_process_arms():
         for run in study_runs.search(study, "train", arm, status="FINISHED"):
             hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
             if hist:

@@ -100,8 +100,8 @@ def check_arm(plan: Plan, arm: str) -> None:
 
 
 def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
-    """Take the arm's start in the study's ledger; returns the attempt number or refuses."""
-    check_arm(plan, arm)
+    """Take the arm's start in the study's ledger (an arm `check_arm` passed); returns the attempt
+    number or refuses."""
     index = claims.append(prep.info.run_id, "train", arm, own_run_id)
     return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
 
