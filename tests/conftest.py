@@ -51,12 +51,44 @@ SMALL = {k: v for k, v in PROFILES["smoke"].items() if k != "study.profile"}
 E2E = Path(__file__).resolve().parent / "e2e"
 
 
+SHARED_GROUPS = {
+    # the modules that read the trained small study (`trained_study` and what follows it, and
+    # `partial_study`): one worker builds it once
+    "trained-small-study": ("e2e/test_train.py", "e2e/test_threads_study.py", "e2e/test_resume.py",
+                            "e2e/test_limits.py", "e2e/test_commit_score.py", "e2e/test_analysis.py",
+                            "e2e/test_secrets.py"),
+    # the modules that make or count network namespaces (`netns.leftovers` sees every maker's),
+    # and the first command's study across two emulated hosts
+    "emulated-hosts": ("unit/hosts/test_two_hosts.py", "unit/hosts/test_metering.py", "e2e/test_preflight.py",
+                       "e2e/test_two_hosts_study.py", "e2e/test_newcomer.py"),
+}
+"""The suite runs on two workers (pytest-xdist, `--dist loadgroup` in pyproject.toml): every
+module is one unit of work, so that its module-scoped fixtures are made once; the modules named
+here share one, because they share a session fixture too costly to make twice or a machine-wide
+resource."""
+_GROUP_OF = {module: group for group, modules in SHARED_GROUPS.items() for module in modules}
+
+
+def _group(item) -> str:
+    module = item.path.relative_to(REPO / "tests").as_posix()
+    return _GROUP_OF.get(module, module)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/e2e is e2e, though its module forgot `pytestmark`."""
+    """Every test under tests/e2e is e2e, though its module forgot `pytestmark`. Each test gets
+    its unit of work for the workers (`SHARED_GROUPS`); on a worker, the e2e units come first and
+    the shared ones before them: a worker takes the next unit when it is free, so the longest
+    start first and the quick ones fill in at the end."""
     for item in items:
         if E2E in item.path.parents:
             item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: k for k, name in enumerate(SHARED_GROUPS)}
+        # sorted() is stable: within a unit, and among the units of one tier, the order collected
+        items[:] = sorted(items, key=lambda it: (rank.get(_group(it), len(rank)),
+                                                 E2E not in it.path.parents))
 
 
 def wait_until_serving(proc: subprocess.Popen, uri: str, log: Path, timeout_s: float = 120) -> None:
