@@ -3,7 +3,8 @@
 #   GRADSHARE_COMMIT=$(git describe --always --dirty) bash benchmarks/rehearsal_device.sh start
 #       # install MLflow's wheels (.whl), copy this tree aside (later calls may change it), then in a
 #       # session of its own: the harness's single on the study's documents (benchmarks/gpu_path.py,
-#       # as many updates as the rehearsal), then the whole rehearsal beside it; wait up to LIMIT_S
+#       # as many updates as the rehearsal, where that is 6 or more), then the whole rehearsal beside
+#       # it; wait up to LIMIT_S, or until the rehearsal ends
 #   bash benchmarks/rehearsal_device.sh wait    # the next call, on the same warm machine: wait again
 # REHEARSAL_ARGS passes options on to benchmarks/rehearsal.py: "--updates 4" is the short GPU
 # check (about 5 minutes on an H200); none runs the plan's own 128 updates on the full data.
@@ -24,20 +25,29 @@ args = sys.argv[1:]
 print(args[args.index("--updates") + 1] if "--updates" in args else 128)
 PY
 )
+  # the harness's single needs 6 updates or more (benchmarks/gpu_path.py): a shorter rehearsal runs without it
+  harness=""
+  if [ "$updates" -ge 6 ]; then
+    harness="python3 benchmarks/gpu_path.py --only single --updates $updates --skip-calibrate --out $W/harness/gpu_path.json \
+      --workdir /tmp/gradshare-gpu-path;"
+  fi
   cd $SRC && GRADSHARE_COMMIT=${GRADSHARE_COMMIT:-unknown} setsid nohup bash -c "
-    python3 benchmarks/gpu_path.py --only single --updates $updates --skip-calibrate --out $W/harness/gpu_path.json \
-      --workdir /tmp/gradshare-gpu-path;
-    python3 benchmarks/rehearsal.py --work $W --harness $W/harness/gpu_path.json --profile-update $((updates - 1)) \
-      ${REHEARSAL_ARGS:-}" >> $W/log 2>&1 < /dev/null &
+    $harness
+    python3 benchmarks/rehearsal.py --work $W \$( [ -e $W/harness/gpu_path.json ] && echo --harness $W/harness/gpu_path.json ) \
+      --profile-update $((updates - 1)) ${REHEARSAL_ARGS:-}; echo \$? > $W/exit" >> $W/log 2>&1 < /dev/null &
   cd - > /dev/null
 fi
 end=$((SECONDS + LIMIT_S))
 # the log goes to $OUT as it grows: a call cut short by the device's own limit (less device time
 # left than LIMIT_S) still brings back how far the rehearsal got
-while [ ! -e $W/out/done ] && [ $SECONDS -lt $end ]; do sleep 5; tail -c 4000000 $W/log > $OUT/log.txt; done
+# it ends early when the rehearsal ends, done or not ($W/exit: a rehearsal that died at its start
+# must not hold the device for the rest of LIMIT_S)
+while [ ! -e $W/out/done ] && [ ! -e $W/exit ] && [ $SECONDS -lt $end ]; do sleep 5; tail -c 4000000 $W/log > $OUT/log.txt; done
 tail -c 4000000 $W/log > $OUT/log.txt
 cp $W/harness/gpu_path.json $OUT/ 2>/dev/null
 cp $W/harness/profile_single.txt $OUT/profile_harness.txt 2>/dev/null
 for f in rehearsal.json rehearsal.md store.tar.gz profile_single.txt done; do [ -e $W/out/$f ] && cp $W/out/$f $OUT/; done
 grep -E '^\[rehearsal\]|^single |s/update' $W/log | tail -20
-[ -e $W/out/done ] && cat $W/out/rehearsal.md || { echo "still running"; tail -5 $W/log; }
+if [ -e $W/out/done ]; then cat $W/out/rehearsal.md
+elif [ -e $W/exit ]; then echo "the rehearsal ended without its table (exit $(cat $W/exit))"; tail -20 $W/log
+else echo "still running"; tail -5 $W/log; fi

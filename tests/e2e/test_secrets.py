@@ -15,8 +15,8 @@ pytestmark = pytest.mark.e2e
 
 def test_no_planted_secret_reaches_the_store(mlflow_server, scored_study):
     """Every step the suite ran had secrets in its environment (`conftest.PLANTED_SECRETS`): the
-    scored study's prepare, three arms, commit and score at least, and every study the tests
-    before this one made. Every byte the server keeps (its database, with every parameter, tag
+    scored study's prepare, four arms, commit and score at least, and every study the tests
+    of this worker made before this one (the worker's server is this session's own). Every byte the server keeps (its database, with every parameter, tag
     and system metric, and every artifact) is searched for them."""
     for name, secret in PLANTED_SECRETS.items():
         assert os.environ[name] == secret  # planted: the steps inherited it
