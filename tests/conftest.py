@@ -9,6 +9,9 @@ analysis, entrypoints, scripts, docs) and runs in a few minutes; tests/e2e/ hold
 that goes through `mlflow run`, a whole study (prepare, train, commit, score, analyze), a
 trained arm, a benchmark's harness or a fresh venv. Everything under tests/e2e carries the
 `e2e` marker (set below, whatever the file says), so `pytest -m "not e2e"` is the quick tier.
+
+Two pytest-xdist workers run the suite (`SHARED_GROUPS` says how it is cut); each is a session of
+its own, with its own server and its own copy of any session fixture its tests ask for.
 """
 from __future__ import annotations
 
