@@ -33,8 +33,10 @@ def hosts():
 @needs_hosts
 def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
     for sender in (0, 1):
-        # TCP goodput: the rate less headers (~4%) and the start of the stream
-        assert 0.85 * PLAN.link.rate_mbit <= netns.measure_mbit(hosts, 2.0, sender) <= 1.02 * PLAN.link.rate_mbit
+        # TCP goodput: the rate less headers (~4%) and the start of the stream; 4 MB (1.5 s at
+        # 22 Mbit/s), so that a receiver thread woken late on a busy machine (the suite runs on
+        # two workers) costs the figure a few percent, not the 15 allowed
+        assert 0.85 * PLAN.link.rate_mbit <= netns.measure_mbit(hosts, 4.0, sender) <= 1.02 * PLAN.link.rate_mbit
 
 
 @needs_hosts
