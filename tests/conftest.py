@@ -37,14 +37,30 @@ REPO = Path(__file__).resolve().parents[1]
 # Every `mlflow server` the tests start runs as `gradshare server` does: without MLflow's job
 # runner (eight Python processes per server that the study never uses).
 os.environ.update(NO_JOBS)
-# Secrets planted in the environment of every step the suite runs: tests/e2e/test_secrets.py
-# searches the whole store for them at the end (they must reach no parameter, tag, artifact or
-# metric).
+# Secrets planted in the environment of every step the suite runs: `planted_secrets_found` searches
+# each worker's whole store for them once a whole study is in it (e2e/test_secrets.py,
+# e2e/test_newcomer.py): they must reach no parameter, tag, artifact or metric.
 PLANTED_SECRETS = {
     "AWS_ACCESS_KEY_ID": "AKIAPLANTEDSECRET0001", "AWS_SECRET_ACCESS_KEY": "planted/aws+secret/key/0001",
     "GITHUB_TOKEN": "ghp_plantedtoken000000000000000000000001", "HF_TOKEN": "hf_plantedtoken0000000001",
     "DATABASE_PASSWORD": "planted-db-password-0001"}
 os.environ.update(PLANTED_SECRETS)
+
+
+def planted_secrets_found(server) -> list[str]:
+    """Every planted secret found in the server's keeping (its database, with every parameter,
+    tag and system metric, and every artifact), as "NAME in PATH"."""
+    for name, secret in PLANTED_SECRETS.items():
+        assert os.environ[name] == secret  # planted: the steps inherited it
+    root = Path(server.artifacts).parent
+    stores = [root / "mlflow.db", *[p for p in Path(server.artifacts).rglob("*") if p.is_file()]]
+    assert len(stores) > 10  # the database and the studies' artifacts (inputs, checkpoints, ...)
+    found = []
+    for path in stores:
+        data = path.read_bytes()
+        found += [f"{name} in {path}" for name, secret in PLANTED_SECRETS.items() if secret.encode() in data]
+    return found
+
 
 # The `smoke` profile's counts (gradshare.contract.plan.PROFILES): the suite's small studies are that profile,
 # as overrides, so that a test may change any of them.

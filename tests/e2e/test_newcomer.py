@@ -13,7 +13,7 @@ from gradshare.tracking import orphans
 from gradshare.contract.tags import ARM, FAILURE, REFUSAL, STEP, STUDY
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
-from tests.conftest import SMALL, all_runs as _all_runs, mlflow_run_as_typed as _mlflow_run, run_entry
+from tests.conftest import SMALL, all_runs as _all_runs, mlflow_run_as_typed as _mlflow_run, planted_secrets_found, run_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -174,3 +174,10 @@ def test_a_misspelt_plan_field_is_refused_before_any_run_with_the_nearest_name(m
     [line] = [l for l in proc.stderr.splitlines() if l.startswith("gradshare:")]
     assert "schedule.updatez" in line and "did you mean 'schedule.updates'" in line
     assert {r.info.run_id for r in _all_runs()} == before
+
+
+def test_no_planted_secret_reaches_the_store_of_the_first_commands_study(mlflow_server, first_command_study):
+    """The README's first command, every step through `mlflow run` across two emulated hosts, with
+    `conftest.PLANTED_SECRETS` in its environment: none reaches this worker's store (the small
+    study's worker searches its own, e2e/test_secrets.py)."""
+    assert planted_secrets_found(mlflow_server) == []
