@@ -277,13 +277,18 @@ def _alive(name: str) -> bool:
     return True
 
 
-def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, streams: int = 1) -> float:
+def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, streams: int = 1,
+                 source_port: int = 0) -> float:
     """Goodput of `streams` TCP streams at once from host `sender` to the other, Mbit/s in all
-    (a check of the shaping: with a per-flow cap, one stream gets the flow's rate)."""
+    (a check of the shaping: with a per-flow cap, one stream gets the flow's rate). The streams
+    leave from source ports of distinct low bytes: `shape_flows` buckets a flow by that byte, and
+    the kernel's random even ports put two of four streams in one bucket about one time in 22."""
     if streams > 1:
         rates = []
-        threads = [threading.Thread(target=lambda: rates.append(measure_mbit(hosts, megabytes / streams, sender)))
-                   for _ in range(streams)]
+        base = secrets.randbelow(20000 // 256) * 256 + 40000 + secrets.randbelow(256 - streams)
+        threads = [threading.Thread(target=lambda port=base + k: rates.append(
+                       measure_mbit(hosts, megabytes / streams, sender, source_port=port)))
+                   for k in range(streams)]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -311,7 +316,7 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
     t = threading.Thread(target=drain)
     t.start()
     with in_netns(hosts.ns[sender]):
-        cli = socket.create_connection((hosts.addr[receiver], port))
+        cli = socket.create_connection((hosts.addr[receiver], port), source_address=(hosts.addr[sender], source_port))
     t0 = time.perf_counter()
     cli.sendall(b"\0" * total)
     t.join(timeout=600)
