@@ -10,8 +10,9 @@ that goes through `mlflow run`, a whole study (prepare, train, commit, score, an
 trained arm, a benchmark's harness or a fresh venv. Everything under tests/e2e carries the
 `e2e` marker (set below, whatever the file says), so `pytest -m "not e2e"` is the quick tier.
 
-Two pytest-xdist workers run the suite (`SHARED_GROUPS` says how it is cut); each is a session of
-its own, with its own server and its own copy of any session fixture its tests ask for.
+With `-n 2 --dist loadgroup --no-loadscope-reorder` two pytest-xdist workers run the suite
+(`SHARED_GROUPS` says how it is cut); each is a session of its own, with its own server and its
+own copy of any session fixture its tests ask for. The default is one process.
 """
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ SHARED_GROUPS = {
     "emulated-hosts": ("unit/hosts/test_two_hosts.py", "unit/hosts/test_metering.py", "e2e/test_preflight.py",
                        "e2e/test_two_hosts_study.py", "e2e/test_newcomer.py"),
 }
-"""The suite runs on two workers (pytest-xdist, `--dist loadgroup` in pyproject.toml): every
-module is one unit of work, so that its module-scoped fixtures are made once; the modules named
+"""On two workers (pytest-xdist, `--dist loadgroup`; see pyproject.toml) every module is one
+unit of work, so that its module-scoped fixtures are made once; the modules named
 here share one, because they share a session fixture too costly to make twice or a machine-wide
 resource."""
 _GROUP_OF = {module: group for group, modules in SHARED_GROUPS.items() for module in modules}
