@@ -192,7 +192,9 @@ def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
     port, each at the flow rate, and a `u32` hash table on that byte that sends each packet to its
     leaf. A collective's data goes out on connections its sender opened (an ephemeral source port
     per socket), so each of its sockets is a flow of its own; two flows whose ports share the
-    low byte share a cap (1 in 256)."""
+    low byte share a cap. The kernel's ports for `connect` are random and even, so that is 1 in
+    128 for two flows, and about 1 in 22 that some two of four share one: a measurement of
+    several flows is then short of their sum (`measure_mbit` picks its own ports for that)."""
     tc = ["ip", "netns", "exec", ns, "tc"]
     _run(tc + ["qdisc", "replace", "dev", IFNAME, "root", "handle", "1:", "htb", "default", "2"])
     _run(tc + ["class", "add", "dev", IFNAME, "parent", "1:", "classid", "1:1", "htb",
