@@ -287,7 +287,7 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
     the kernel's random even ports put two of four streams in one bucket about one time in 22."""
     if streams > 1:
         rates = []
-        base = secrets.randbelow(20000 // 256) * 256 + 40000 + secrets.randbelow(256 - streams)
+        base = 40000 + secrets.randbelow(20000)  # consecutive ports from here: distinct low bytes
         threads = [threading.Thread(target=lambda port=base + k: rates.append(
                        measure_mbit(hosts, megabytes / streams, sender, source_port=port)))
                    for k in range(streams)]
