@@ -200,11 +200,11 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stderr=log)
     follow = _Follower(log_path)
+    stalled = None
     try:
         rc = _watch(plan, arm, proc, workdir, limit)
     except StudyError as exc:  # stalled or timed out: every process stopped; how far the arm got
-        last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
-        raise StudyError(f"{exc}{last}") from None
+        rc, stalled = None, exc
     finally:  # an interrupt or error in this process must not leave ranks behind, orphans included
         _stop_all(proc, workdir)
         follow.stop()
@@ -212,15 +212,20 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
             _keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
     if rc != 0 and _trained_whole(workdir):
         # Every update done and the checkpoint written (rank 0's summary, no rank's reason): a
-        # process that died after that (the launcher, a rank killed after the checkpoint, rank 0
-        # stopped while it recorded) costs nothing. The arm is recorded whole, here if need be.
-        print(f"[gradshare] arm {arm}: the launcher ended with code {rc} after every update and the checkpoint "
-              f"were done: the arm is recorded whole", file=sys.stderr, flush=True)
+        # process that died or hung after that (the launcher, a rank killed after the checkpoint,
+        # a rank stuck in the last barrier, rank 0 stopped while it recorded) costs nothing. The
+        # arm is recorded whole, here if need be.
+        how = f"the launcher ended with code {rc}" if stalled is None else f"the arm was stopped ({stalled})"
+        print(f"[gradshare] arm {arm}: {how} after every update and the checkpoint were done: the arm is "
+              f"recorded whole", file=sys.stderr, flush=True)
         if run_id:
             summary = json.loads((workdir / workdir_files.SUMMARY).read_text())
             result.complete(Outbox(run_id, plan.arms.tracking_grace_s), summary,
                             lambda line: print(line, file=sys.stderr, flush=True))
         return
+    if stalled is not None:
+        last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
+        raise StudyError(f"{stalled}{last}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
         if reason.startswith(workdir_files.WORKDIR_CHANGED):  # the machine's fault: no attempt used

@@ -19,6 +19,9 @@
                                   watched by the train step, and the arm completes
     GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT=R  rank R is killed (SIGKILL) once rank 0 has written
                                   the final checkpoint: the arm is FINISHED all the same
+    GRADSHARE_INJECT_STOP_AFTER_RESULT=R  rank R stops itself (SIGSTOP) before the last barrier,
+                                  once rank 0 has written the arm's result: a rank hung in
+                                  teardown, which the train step stops; the arm is FINISHED
     GRADSHARE_INJECT_CORRUPT=FILE every rank overwrites FILE of the arm's working directory (e.g.
                                   plan.json) as it starts, after the train step verified it: a
                                   refusal naming the file, no attempt used
@@ -45,6 +48,8 @@ STOP_ENV = "GRADSHARE_INJECT_STOP_AT"
 KILL_AGENT_ENV = "GRADSHARE_INJECT_KILL_AGENT_AT"
 KILL_AFTER_CKPT_ENV = "GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT"
 CORRUPT_ENV = "GRADSHARE_INJECT_CORRUPT"
+STOP_AFTER_RESULT_ENV = "GRADSHARE_INJECT_STOP_AFTER_RESULT"
+RESULT_WAIT_S = 120.0  # how long a rank other than 0 waits for rank 0's result before it stops
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Faults:
     kill_agent_at: int = 0
     kill_after_checkpoint_rank: int = -1  # -1: none
     corrupt: str = ""  # a file of the working directory; "": none
+    stop_after_result_rank: int = -1  # -1: none
 
     def after_training(self, model, rank: int) -> None:
         if self.perturb_rank == rank:
@@ -84,6 +90,20 @@ class Faults:
             print(f"[gradshare] fault injection ({KILL_AFTER_CKPT_ENV}): rank {rank} killed after the checkpoint",
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_last_barrier(self, rank: int, result_written, sleep=time.sleep) -> None:
+        """Every rank, before the arm's last barrier. `result_written()`: whether rank 0's result
+        file exists; a rank other than 0 waits for it, so that the stop is in teardown, not before
+        the result (the ranks share the working directory where this fault is injected)."""
+        if self.stop_after_result_rank != rank:
+            return
+        waited = 0.0
+        while not result_written() and waited < RESULT_WAIT_S:
+            sleep(0.2)
+            waited += 0.2
+        print(f"[gradshare] fault injection ({STOP_AFTER_RESULT_ENV}): rank {rank} stopped before the last barrier",
+              flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def after_checkpoint(self) -> None:
         if self.kill_launcher:
@@ -137,14 +157,16 @@ def from_env(env=None) -> Faults:
     stop = env.get(STOP_ENV, "").strip()
     agent = env.get(KILL_AGENT_ENV, "").strip()
     after_ckpt = env.get(KILL_AFTER_CKPT_ENV, "").strip()
+    after_result = env.get(STOP_AFTER_RESULT_ENV, "").strip()
     try:
         stop_at, stop_rank = (int(x) for x in stop.split(":")) if stop else (0, 0)
         kill_agent_at = int(agent) if agent else 0
         kill_after_checkpoint_rank = int(after_ckpt) if after_ckpt else -1
+        stop_after_result_rank = int(after_result) if after_result else -1
     except ValueError:
         raise ValueError(f"fault injection: {STOP_ENV}={stop!r} must be UPDATE:RANK, {KILL_AGENT_ENV}={agent!r} an "
-                         f"update and {KILL_AFTER_CKPT_ENV}={after_ckpt!r} a rank; unset them to train without "
-                         f"faults") from None
+                         f"update, {KILL_AFTER_CKPT_ENV}={after_ckpt!r} and {STOP_AFTER_RESULT_ENV}={after_result!r} "
+                         f"a rank; unset them to train without faults") from None
     launcher = env.get(KILL_LAUNCHER_ENV, "").strip().lower() in ("1", "true", "yes")
     perturb = env.get(PERTURB_ENV, "").strip()
     try:
@@ -152,4 +174,5 @@ def from_env(env=None) -> Faults:
     except ValueError:
         raise ValueError(f"fault injection: {PERTURB_ENV}={perturb!r} must be a rank (e.g. 1)") from None
     return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank, stop_at, stop_rank,
-                  kill_agent_at, kill_after_checkpoint_rank, env.get(CORRUPT_ENV, "").strip())
+                  kill_agent_at, kill_after_checkpoint_rank, env.get(CORRUPT_ENV, "").strip(),
+                  stop_after_result_rank)

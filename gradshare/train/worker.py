@@ -221,6 +221,7 @@ def _finish(r: _Rank, model, tokenizer, res, seen: list[str]) -> None:
     if rank == 0 and box is not None:
         box.params({"torch_threads_per_rank": ",".join(map(str, threads)), "socket_env": sockets.seen()})
         record(box, result, ckpt, log)  # the run's end too: a dead launcher costs nothing now
+    r.faults.before_last_barrier(rank, (workdir / workdir_files.SUMMARY).exists)
     try:
         r.wait_for_everyone()
     except Exception as exc:  # noqa: BLE001 - a peer gone after the result was written costs nothing

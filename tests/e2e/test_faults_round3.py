@@ -5,6 +5,8 @@
 - the launcher (`accelerate launch`) SIGKILLed mid-arm: its workers go on, watched, and the arm
   completes FINISHED with every update;
 - a rank SIGKILLed after the checkpoint is written: the arm is FINISHED, its weights in the store;
+- a rank stopped in teardown, after rank 0 wrote the arm's result: the stall bound stops the arm,
+  which is FINISHED all the same, within the bound, no process left;
 - a file of the arm's working directory changed after launch: a refusal naming the file, KILLED,
   no attempt used (the arm then trains as attempt 1).
 """
@@ -89,6 +91,21 @@ def test_a_rank_killed_after_the_checkpoint_leaves_the_arm_finished_with_its_wei
     names = {a.path for a in connection.client().list_artifacts(run.info.run_id, "checkpoint")}
     assert "checkpoint/model.safetensors" in names
     assert _logged(run.info.run_id) == list(range(1, 9))
+    assert _left(run.info.run_id) == []
+
+
+def test_a_rank_hung_in_teardown_after_the_result_leaves_the_arm_finished(mlflow_server):
+    study = "faults-round3-teardown"  # its own: the study above has used dense's attempt
+    run_entry("prepare", "--study", study, *overrides(BOUNDS))
+    proc, took = _train(study, "dense", {"GRADSHARE_INJECT_STOP_AFTER_RESULT": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"arm dense: the arm was stopped \(stalled: arm dense: rank 1 .*\) after every update and the "
+                     r"checkpoint were done: the arm is recorded whole", proc.stderr), proc.stderr[-3000:]
+    [run] = study_runs.search(study, "train", "dense")
+    assert run.info.status == "FINISHED" and FAILURE not in run.data.tags, run.data.tags.get(FAILURE)
+    assert CKPT_SHA in run.data.tags and _logged(run.info.run_id) == list(range(1, 9))
+    limit = load_plan("tiny", dict(BOUNDS)).arms.timeout_s(8)
+    assert took < limit / 2, (took, limit)  # the stall bound ended it, not the arm's time limit
     assert _left(run.info.run_id) == []
 
 

@@ -117,3 +117,7 @@ def test_the_fault_switches_are_read_from_the_environment_in_one_place():
     assert faults.from_env({}) == faults.Faults()
     with pytest.raises(ValueError, match="UPDATE:RANK"):
         faults.from_env({faults.HANG_ENV: "5"})
+    assert faults.from_env({faults.STOP_AFTER_RESULT_ENV: "1"}).stop_after_result_rank == 1
+    with pytest.raises(ValueError, match=faults.STOP_AFTER_RESULT_ENV):
+        faults.from_env({faults.STOP_AFTER_RESULT_ENV: "last"})
+    faults.from_env({faults.STOP_AFTER_RESULT_ENV: "1"}).before_last_barrier(0, lambda: True)  # another rank: on
