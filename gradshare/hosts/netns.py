@@ -9,7 +9,9 @@ Host i lives in namespace `hosts.ns[i]`; its one interface `gslink` carries
 `hosts.addr[i]` (198.18.0.1 and 198.18.0.2, from 198.18.0.0/15, the range set aside for
 benchmarking: nothing is ever addressed outside it) and is shaped in its sending
 direction by a `tbf` qdisc at the link rate, so each direction of the link carries at most
-`rate_mbit`. Latency is not emulated (`netem` is not available on these machines).
+`rate_mbit`; with `flow_mbit` too, by `htb` classes that cap each TCP connection under that
+total (`shape_flows`, `flows.FlowClasses`). Latency is not emulated (`netem` is not available
+on these machines).
 
 Names carry the maker's pid and a random tag, so parallel uses never collide; everything is torn down when
 the `with` block ends, by an exception too: the processes still inside the namespaces are
@@ -35,6 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gradshare.hosts.flows import FlowClasses
 
 NETWORK = "198.18.0.0/30"
 ADDRS = ("198.18.0.1", "198.18.0.2")
@@ -92,6 +96,7 @@ class TwoHosts:
     ns: tuple[str, str] = ()
     addr: tuple[str, str] = ADDRS
     _servers: list = field(default_factory=list)
+    flows: list[FlowClasses] = field(default_factory=list)  # with a per-flow cap: each host's watcher
 
     @property
     def env(self) -> dict[str, str]:
@@ -122,6 +127,8 @@ class TwoHosts:
             threading.Thread(target=_accept_loop, args=(srv, port), daemon=True).start()
 
     def close(self) -> None:
+        for watcher in self.flows:
+            watcher.stop()
         for srv in self._servers:
             with contextlib.suppress(OSError):
                 srv.close()
@@ -189,12 +196,10 @@ def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
     way a cloud network caps flows between instances outside a placement group (AWS: 5 Gbit/s
     per flow). The kernels here have `htb` and the `u32` classifier but not `fq`, `sfq` or
     `flower`: an `htb` root at the total rate, one leaf class per low byte of the TCP source
-    port, each at the flow rate, and a `u32` hash table on that byte that sends each packet to its
-    leaf. A collective's data goes out on connections its sender opened (an ephemeral source port
-    per socket), so each of its sockets is a flow of its own; two flows whose ports share the
-    low byte share a cap. The kernel's ports for `connect` are random and even, so that is 1 in
-    128 for two flows, and about 1 in 22 that some two of four share one: a measurement of
-    several flows is then short of their sum (`measure_mbit` picks its own ports for that)."""
+    port, each at the flow rate, and a `u32` hash table on that byte (at priority 2) that sends
+    each packet to its leaf. Two flows whose ports share the low byte would share a cap, so
+    `setup` also starts `flows.FlowClasses`, which gives each connection a class of its own by
+    an exact filter at priority 1: the hash carries a connection only for its first moments."""
     tc = ["ip", "netns", "exec", ns, "tc"]
     _run(tc + ["qdisc", "replace", "dev", IFNAME, "root", "handle", "1:", "htb", "default", "2"])
     _run(tc + ["class", "add", "dev", IFNAME, "parent", "1:", "classid", "1:1", "htb",
@@ -207,13 +212,15 @@ def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
         # a small guaranteed share each (256 of them under the total), up to the flow cap
         batch.append(f"class add dev {IFNAME} parent 1:1 classid 1:{0x100 + b:x} htb "
                      f"rate {max(0.01, rate_mbit / FLOW_BUCKETS):.3f}mbit ceil {min(flow_mbit, rate_mbit)}mbit")
-    batch.append(f"filter add dev {IFNAME} parent 1: prio 1 handle 2: protocol ip u32 divisor {FLOW_BUCKETS}")
+    # priority 2: `flows.FlowClasses` puts its exact filters ahead, at 1. This is the first u32
+    # filter of the qdisc, so its root table is 800:
+    batch.append(f"filter add dev {IFNAME} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_BUCKETS}")
     # the TCP header starts at byte 20 of an IP packet without options; its first word holds the
     # source port in its high half: the low byte of that port picks the bucket
-    batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 1 u32 ht 800:: match ip protocol 6 0xff "
+    batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 2 u32 ht 800:: match ip protocol 6 0xff "
                  f"hashkey mask 0x00ff0000 at 20 link 2:")
     for b in range(FLOW_BUCKETS):
-        batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 1 u32 ht 2:{b:x}: match u32 0 0 "
+        batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 2 u32 ht 2:{b:x}: match u32 0 0 "
                      f"flowid 1:{0x100 + b:x}")
     proc = subprocess.run(tc + ["-batch", "-"], input="\n".join(batch) + "\n", capture_output=True, text=True)
     if proc.returncode != 0:
@@ -240,6 +247,8 @@ def setup(rate_mbit: float, tag: str | None = None, flow_mbit: float = 0.0) -> T
             _run(["ip", "-n", name, "link", "set", "lo", "up"])
             if flow_mbit > 0:
                 shape_flows(name, rate_mbit, flow_mbit)
+                hosts.flows.append(FlowClasses(name, addr, IFNAME, flow_mbit, rate_mbit,
+                                               enter=lambda name=name: in_netns(name)))
             else:
                 shape(name, rate_mbit)
     except BaseException:
@@ -280,17 +289,16 @@ def _alive(name: str) -> bool:
 
 
 def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, streams: int = 1,
-                 source_port: int = 0) -> float:
+                 source_ports: list[int] | None = None) -> float:
     """Goodput of `streams` TCP streams at once from host `sender` to the other, Mbit/s in all
-    (a check of the shaping: with a per-flow cap, one stream gets the flow's rate). The streams
-    leave from source ports of distinct low bytes: `shape_flows` buckets a flow by that byte, and
-    the kernel's random even ports put two of four streams in one bucket about one time in 22."""
+    (a check of the shaping: with a per-flow cap, one stream gets the flow's rate). Each stream
+    leaves from the port of `source_ports` at its index, or the kernel's choice (None, 0)."""
+    ports = list(source_ports or [0] * streams)
+    if len(ports) != streams:
+        raise ValueError(f"{streams} streams need as many source ports, not {len(ports)}")
     if streams > 1:
-        rates = []
-        base = 40000 + secrets.randbelow(20000)  # consecutive ports from here: distinct low bytes
-        threads = [threading.Thread(target=lambda port=base + k: rates.append(
-                       measure_mbit(hosts, megabytes / streams, sender, source_port=port)))
-                   for k in range(streams)]
+        threads = [threading.Thread(target=measure_mbit, args=(hosts, megabytes / streams, sender, 1, [port]))
+                   for port in ports]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -318,7 +326,7 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
     t = threading.Thread(target=drain)
     t.start()
     with in_netns(hosts.ns[sender]):
-        cli = socket.create_connection((hosts.addr[receiver], port), source_address=(hosts.addr[sender], source_port))
+        cli = socket.create_connection((hosts.addr[receiver], port), source_address=(hosts.addr[sender], ports[0]))
     t0 = time.perf_counter()
     cli.sendall(b"\0" * total)
     t.join(timeout=600)

@@ -8,12 +8,14 @@ Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`)
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from gradshare.hosts import netns
+from gradshare.hosts import flows, netns
 from gradshare.contract.plan import load_plan
 from tests.conftest import REPO, SMALL
 
@@ -109,9 +111,43 @@ def test_where_namespaces_cannot_be_made_the_reason_is_named(monkeypatch):
 @needs_hosts
 def test_a_link_that_caps_each_flow_gives_one_stream_a_flows_rate_and_several_the_total():
     """The per-flow cap the preflight must find (AWS's 5 Gbit/s a flow between instances outside a
-    placement group), emulated with htb classes per source port's low byte under an htb total."""
+    placement group), emulated with htb classes under an htb total. Four streams whose source
+    ports share every bit the port hash reads still get a class each (`flows.FlowClasses`): with
+    the hash alone they share one flow's rate (the last measurement, its watchers stopped)."""
+    base = 40000 + secrets.randbelow(10000)
+    same_hash = [base + 1024 * k for k in range(4)]  # equal low bytes, equal bits 1-8 too
     with netns.two_hosts(40, flow_mbit=10) as h:
         one = netns.measure_mbit(h, 3.0, streams=1)
         four = netns.measure_mbit(h, 6.0, streams=4)
+        colliding = netns.measure_mbit(h, 6.0, streams=4, source_ports=same_hash)
+        back = netns.measure_mbit(h, 6.0, sender=1, streams=4, source_ports=[p + 1 for p in same_hash])
+        assert [w.errors for w in h.flows] == [[], []]
+        for watcher in h.flows:
+            watcher.stop()
+        hashed = netns.measure_mbit(h, 3.0, streams=4, source_ports=[p + 2 for p in same_hash])
     assert 0.8 * 10 <= one <= 1.05 * 10
-    assert 2.5 * one <= four <= 1.05 * 40
+    for several in (four, colliding, back):
+        assert 2.5 * one <= several <= 1.05 * 40, (four, colliding, back)
+    assert hashed <= 1.05 * 10  # what the watcher adds: without it, one class for all four
+
+
+def test_an_established_connection_is_read_from_the_kernels_table_both_ways():
+    """`flows.connections` on this namespace's own /proc/net/tcp, with a real connection on
+    loopback: each end is a connection from 127.0.0.1, its own port first; a listener is not."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    cli = socket.create_connection(srv.getsockname())
+    conn, _ = srv.accept()
+    try:
+        with open("/proc/thread-self/net/tcp") as fh:
+            found = flows.connections(fh.read(), "127.0.0.1")
+        sport, lport = cli.getsockname()[1], srv.getsockname()[1]
+        assert {(sport, "127.0.0.1", lport), (lport, "127.0.0.1", sport)} <= found
+        assert not any(c[0] == lport and c[2] == 0 for c in found)  # the listener itself
+        with open("/proc/thread-self/net/tcp") as fh:
+            assert not flows.connections(fh.read(), "198.18.0.1") & found  # another address's: none
+    finally:
+        for s in (conn, cli, srv):
+            s.close()
+    assert flows.proc_addr("127.0.0.1") == "0100007F"  # as the kernel writes it (host order)
