@@ -10,9 +10,10 @@ that goes through `mlflow run`, a whole study (prepare, train, commit, score, an
 trained arm, a benchmark's harness or a fresh venv. Everything under tests/e2e carries the
 `e2e` marker (set below, whatever the file says), so `pytest -m "not e2e"` is the quick tier.
 
-With `-n 2 --dist loadgroup --no-loadscope-reorder` two pytest-xdist workers run the suite
-(`SHARED_GROUPS` says how it is cut); each is a session of its own, with its own server and its
-own copy of any session fixture its tests ask for. The default is one process.
+Two pytest-xdist workers run the suite (`-n 2 --dist loadgroup --no-loadscope-reorder`, the
+default in pyproject.toml; `SHARED_GROUPS` says how it is cut); each is a session of its own,
+with its own server and its own copy of any session fixture its tests ask for. `-n 0`: one
+process.
 """
 from __future__ import annotations
 

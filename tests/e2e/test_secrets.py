@@ -2,7 +2,7 @@
 (`tests/conftest.py`) appear nowhere in the store, its database and every artifact searched byte
 for byte, once a whole study is scored. (The server's own safety: tests/unit/tracking/test_security.py.)
 
-On two workers (`-n 2`, tests/conftest.py) each has its own server: this module searches the store
+On two workers (the default, tests/conftest.py) each has its own server: this module searches the store
 of the worker that scores the small study; `e2e/test_newcomer.py` searches the other's, once the
 README's first command has run its whole study there."""
 from __future__ import annotations
