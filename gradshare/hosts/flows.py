@@ -8,9 +8,12 @@ run at four flows' rate runs at three (a dense update 2.145 s against the 1.717 
 projected). A cloud's cap is per flow, never per hash.
 
 `FlowClasses` closes that: a thread inside the namespace reads its TCP table
-(`/proc/thread-self/net/tcp`) every `POLL_S` and gives each new established connection on the
-link an exact `u32` filter (addresses and ports) to a class no live connection holds, ahead of
-the hash, which then carries only a connection's first `POLL_S` or so and connections beyond
+(`/proc/thread-self/net/tcp`) every `POLL_S` and gives each new connection on the link a slot
+of its own: an exact `u32` filter (addresses and ports) in a table ahead of the hash (`TABLE`,
+priority 1, made by `shape_flows`), whose handle is the slot's and which sends to the slot's
+class. A slot's filter is deleted and made again when the slot goes to another connection
+(u32's `replace` would keep the old matches), so the table holds `OWN_CLASSES` filters at
+most. The hash then carries only a connection's first `POLL_S` or so, and connections beyond
 `OWN_CLASSES` at once.
 
     classes = FlowClasses(ns, addr, "gslink", 10, 40, enter=lambda: in_netns(ns))  # after shape_flows
@@ -21,47 +24,65 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import threading
 from typing import Callable, ContextManager
 
 POLL_S = 0.05  # how often the TCP table is read: a connection's first ~50 ms go by the hash
 OWN_CLASSES = 64  # connections at once with a class of their own; more share the hash's
 FIRST_CLASS = 0x400  # their minor ids, beside the hash's 0x100..0x1ff
-ESTABLISHED = "01"  # /proc/net/tcp's `st` column
+TABLE = 3  # the u32 table of the slots' filters (the hash's is 2)
+# /proc/net/tcp's `st` of a connection that may still send data: ESTABLISHED, FIN_WAIT1,
+# CLOSE_WAIT, LAST_ACK, CLOSING (not LISTEN, SYN_*, FIN_WAIT2, TIME_WAIT, CLOSE)
+SENDING = {"01", "04", "08", "09", "0B"}
 
 
 def proc_addr(addr: str) -> str:
-    """An IPv4 address as /proc/net/tcp writes it (the 32-bit word in host order, hex)."""
-    return socket.inet_aton(addr)[::-1].hex().upper()
+    """An IPv4 address as /proc/net/tcp writes it: the 32-bit word in this machine's byte
+    order, hex."""
+    return f"{int.from_bytes(socket.inet_aton(addr), sys.byteorder):08X}"
+
+
+def _addr(word: str) -> str:
+    return socket.inet_ntoa(int(word, 16).to_bytes(4, sys.byteorder))
 
 
 def connections(table: str, addr: str) -> set[tuple[int, str, int]]:
-    """The established connections of `table` (/proc/net/tcp's text) from `addr`:
-    (local port, remote address, remote port) each."""
+    """The connections of `table` (/proc/net/tcp's text) from `addr` to another address that
+    may still send (`SENDING`): (local port, remote address, remote port) each. (To its own
+    address a connection goes by loopback, never the link.)"""
     mine = proc_addr(addr)
     found = set()
     for line in table.splitlines()[1:]:
         fields = line.split()
-        if len(fields) < 4 or fields[3] != ESTABLISHED:
+        if len(fields) < 4 or fields[3] not in SENDING:
             continue
         local, remote = fields[1].split(":"), fields[2].split(":")
-        if local[0] != mine:
+        if local[0] != mine or remote[0] == mine:
             continue
-        r = bytes.fromhex(remote[0])[::-1]
-        found.add((int(local[1], 16), socket.inet_ntoa(r), int(remote[1], 16)))
+        found.add((int(local[1], 16), _addr(remote[0]), int(remote[1], 16)))
     return found
+
+
+def table_commands(ifname: str) -> list[str]:
+    """`tc -batch` lines for `shape_flows`: the slots' table at priority 1, linked from that
+    priority's root, which passes every packet no slot matches on to priority 2 (the hash)."""
+    return [f"filter add dev {ifname} parent 1: prio 1 handle {TABLE}: protocol ip u32 divisor 1",
+            f"filter add dev {ifname} parent 1: prio 1 protocol ip u32 match ip protocol 6 0xff link {TABLE}:"]
 
 
 class FlowClasses:
     """The watcher of one namespace's connections (module docstring); `stop` ends it. The
     filters it adds go with the namespace. `enter()`: a context that puts the calling thread
-    into the namespace (`netns.in_netns`)."""
+    into the namespace (`netns.in_netns`). `errors`: what went wrong, the watcher's own
+    exceptions too (it goes on; `given` says how many connections got a slot)."""
 
     def __init__(self, ns: str, addr: str, ifname: str, flow_mbit: float, rate_mbit: float,
                  enter: Callable[[], ContextManager]):
         self.ns, self.addr, self.ifname, self._enter = ns, addr, ifname, enter
-        self.held: dict[tuple[int, str, int], int] = {}  # live connection -> its class
-        self.given = 0  # connections given a class of their own, ever
+        self.held: dict[tuple[int, str, int], int] = {}  # live connection -> its slot
+        self._filtered: set[int] = set()  # slots that have (or may have) a filter
+        self.given = 0  # connections given a slot, ever
         self.errors: list[str] = []
         self._stop = threading.Event()
         tc = ["ip", "netns", "exec", ns, "tc"]
@@ -77,37 +98,57 @@ class FlowClasses:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a `tc` that hangs: the thread, still inside, keeps the namespace
+            self.errors.append(f"the watcher of {self.ns} did not end within 5 s")
 
     def _watch(self) -> None:
-        with self._enter():  # this thread only, for good: /proc/thread-self/net is the namespace's
-            with open("/proc/thread-self/net/tcp") as fh:
-                while not self._stop.wait(POLL_S):
-                    fh.seek(0)
-                    self._update(connections(fh.read(), self.addr))
+        try:
+            with self._enter():  # this thread only: /proc/thread-self/net is the namespace's
+                with open("/proc/thread-self/net/tcp") as fh:
+                    while not self._stop.wait(POLL_S):
+                        try:
+                            fh.seek(0)
+                            self._update(connections(fh.read(), self.addr))
+                        except Exception as exc:  # noqa: BLE001 - kept in `errors`; the next poll tries again
+                            self._error(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the thread's end, said where the step reports it
+            self._error(f"the watcher stopped: {type(exc).__name__}: {exc}")
+
+    def _error(self, what: str) -> None:
+        if len(self.errors) < 20:  # the first ones say it; a poll every 50 ms must not fill memory
+            self.errors.append(what[:300])
 
     def _update(self, live: set[tuple[int, str, int]]) -> None:
         for gone in set(self.held) - live:
-            # its filter stays (u32's handles are the kernel's to give): the same four of
-            # addresses and ports coming back soon, to a class that another then holds, is rare
-            del self.held[gone]
+            del self.held[gone]  # its slot is free; its filter goes when the slot is given again
         new = []
         for conn in sorted(live - set(self.held)):
             free = sorted(set(range(OWN_CLASSES)) - set(self.held.values()))
             if not free:
-                break  # more connections than classes: the rest go by the hash
+                break  # more connections than slots: the rest go by the hash
             self.held[conn] = free[0]
             new.append(conn)
-        if new:  # gloo opens its sockets together: one `tc` for them all
+        if new:
             self._add_filters(new)
 
     def _add_filters(self, conns: list[tuple[int, str, int]]) -> None:
-        batch = [f"filter add dev {self.ifname} parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff "
-                 f"match ip src {self.addr}/32 match ip dst {raddr}/32 match ip sport {sport} 0xffff "
-                 f"match ip dport {dport} 0xffff flowid 1:{FIRST_CLASS + self.held[(sport, raddr, dport)]:x}"
-                 for sport, raddr, dport in conns]
-        # this thread is inside the namespace, and so is the child it forks
-        proc = subprocess.run(["tc", "-batch", "-"], input="\n".join(batch) + "\n", capture_output=True, text=True)
-        if proc.returncode != 0:
-            self.errors.append(proc.stderr.strip()[:300])
-        else:
-            self.given += len(conns)
+        # this thread is inside the namespace, and so is each `tc` it forks
+        for conn in conns:
+            sport, raddr, dport = conn
+            slot = self.held[conn]
+            handle = ["handle", f"{TABLE}::{slot + 1:x}", "u32"]
+            if slot in self._filtered:  # the slot's old filter first (module docstring)
+                subprocess.run(["tc", "filter", "del", "dev", self.ifname, "parent", "1:", "protocol", "ip",
+                                "prio", "1", *handle], capture_output=True)
+            proc = subprocess.run(
+                ["tc", "filter", "add", "dev", self.ifname, "parent", "1:", "protocol", "ip", "prio", "1", *handle,
+                 "ht", f"{TABLE}:", "match", "ip", "protocol", "6", "0xff", "match", "ip", "src", f"{self.addr}/32",
+                 "match", "ip", "dst", f"{raddr}/32", "match", "ip", "sport", str(sport), "0xffff",
+                 "match", "ip", "dport", str(dport), "0xffff", "flowid", f"1:{FIRST_CLASS + slot:x}"],
+                capture_output=True, text=True)
+            self._filtered.add(slot)  # whatever came of it, the next add there deletes first
+            if proc.returncode == 0:
+                self.given += 1
+            else:  # the next poll tries again
+                self._error(proc.stderr.strip())
+                del self.held[conn]

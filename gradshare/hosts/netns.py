@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gradshare.hosts.flows import FlowClasses
+from gradshare.hosts import flows
 
 NETWORK = "198.18.0.0/30"
 ADDRS = ("198.18.0.1", "198.18.0.2")
@@ -96,7 +96,7 @@ class TwoHosts:
     ns: tuple[str, str] = ()
     addr: tuple[str, str] = ADDRS
     _servers: list = field(default_factory=list)
-    flows: list[FlowClasses] = field(default_factory=list)  # with a per-flow cap: each host's watcher
+    watchers: list[flows.FlowClasses] = field(default_factory=list)  # with a per-flow cap: one a host
 
     @property
     def env(self) -> dict[str, str]:
@@ -127,7 +127,7 @@ class TwoHosts:
             threading.Thread(target=_accept_loop, args=(srv, port), daemon=True).start()
 
     def close(self) -> None:
-        for watcher in self.flows:
+        for watcher in self.watchers:
             watcher.stop()
         for srv in self._servers:
             with contextlib.suppress(OSError):
@@ -212,12 +212,12 @@ def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
         # a small guaranteed share each (256 of them under the total), up to the flow cap
         batch.append(f"class add dev {IFNAME} parent 1:1 classid 1:{0x100 + b:x} htb "
                      f"rate {max(0.01, rate_mbit / FLOW_BUCKETS):.3f}mbit ceil {min(flow_mbit, rate_mbit)}mbit")
-    # priority 2: `flows.FlowClasses` puts its exact filters ahead, at 1. This is the first u32
-    # filter of the qdisc, so its root table is 800:
+    # priority 2: `flows.FlowClasses` puts its exact filters ahead, at 1, in a table of their own
+    batch.extend(flows.table_commands(IFNAME))
     batch.append(f"filter add dev {IFNAME} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_BUCKETS}")
     # the TCP header starts at byte 20 of an IP packet without options; its first word holds the
     # source port in its high half: the low byte of that port picks the bucket
-    batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 2 u32 ht 800:: match ip protocol 6 0xff "
+    batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 2 u32 match ip protocol 6 0xff "
                  f"hashkey mask 0x00ff0000 at 20 link 2:")
     for b in range(FLOW_BUCKETS):
         batch.append(f"filter add dev {IFNAME} protocol ip parent 1: prio 2 u32 ht 2:{b:x}: match u32 0 0 "
@@ -247,7 +247,7 @@ def setup(rate_mbit: float, tag: str | None = None, flow_mbit: float = 0.0) -> T
             _run(["ip", "-n", name, "link", "set", "lo", "up"])
             if flow_mbit > 0:
                 shape_flows(name, rate_mbit, flow_mbit)
-                hosts.flows.append(FlowClasses(name, addr, IFNAME, flow_mbit, rate_mbit,
+                hosts.watchers.append(flows.FlowClasses(name, addr, IFNAME, flow_mbit, rate_mbit,
                                                enter=lambda name=name: in_netns(name)))
             else:
                 shape(name, rate_mbit)

@@ -91,7 +91,8 @@ class Faults:
                   flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def before_last_barrier(self, rank: int, result_written, sleep=time.sleep) -> None:
+    def before_last_barrier(self, rank: int, result_written, sleep=time.sleep,
+                            stop=lambda: os.kill(os.getpid(), signal.SIGSTOP)) -> None:
         """Every rank, before the arm's last barrier. `result_written()`: whether rank 0's result
         file exists; a rank other than 0 waits for it, so that the stop is in teardown, not before
         the result (the ranks share the working directory where this fault is injected)."""
@@ -103,7 +104,7 @@ class Faults:
             waited += 0.2
         print(f"[gradshare] fault injection ({STOP_AFTER_RESULT_ENV}): rank {rank} stopped before the last barrier",
               flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        stop()
 
     def after_checkpoint(self) -> None:
         if self.kill_launcher:

@@ -120,4 +120,13 @@ def test_the_fault_switches_are_read_from_the_environment_in_one_place():
     assert faults.from_env({faults.STOP_AFTER_RESULT_ENV: "1"}).stop_after_result_rank == 1
     with pytest.raises(ValueError, match=faults.STOP_AFTER_RESULT_ENV):
         faults.from_env({faults.STOP_AFTER_RESULT_ENV: "last"})
-    faults.from_env({faults.STOP_AFTER_RESULT_ENV: "1"}).before_last_barrier(0, lambda: True)  # another rank: on
+    after = faults.from_env({faults.STOP_AFTER_RESULT_ENV: "1"})
+    stopped, waited = [], []
+    after.before_last_barrier(0, lambda: True, sleep=waited.append, stop=lambda: stopped.append(0))
+    assert stopped == []  # another rank goes on
+    written = iter([False, False, True])
+    after.before_last_barrier(1, lambda: next(written), sleep=waited.append, stop=lambda: stopped.append(1))
+    assert stopped == [1] and len(waited) == 2  # rank 1 stops once rank 0's result is written
+    waited.clear()
+    after.before_last_barrier(1, lambda: False, sleep=waited.append, stop=lambda: stopped.append(1))
+    assert stopped == [1, 1] and abs(sum(waited) - faults.RESULT_WAIT_S) < 0.5  # no result: after the wait

@@ -121,8 +121,8 @@ def test_a_link_that_caps_each_flow_gives_one_stream_a_flows_rate_and_several_th
         four = netns.measure_mbit(h, 6.0, streams=4)
         colliding = netns.measure_mbit(h, 6.0, streams=4, source_ports=same_hash)
         back = netns.measure_mbit(h, 6.0, sender=1, streams=4, source_ports=[p + 1 for p in same_hash])
-        assert [w.errors for w in h.flows] == [[], []]
-        for watcher in h.flows:
+        assert [w.errors for w in h.watchers] == [[], []]
+        for watcher in h.watchers:
             watcher.stop()
         hashed = netns.measure_mbit(h, 3.0, streams=4, source_ports=[p + 2 for p in same_hash])
     assert 0.8 * 10 <= one <= 1.05 * 10
@@ -131,23 +131,27 @@ def test_a_link_that_caps_each_flow_gives_one_stream_a_flows_rate_and_several_th
     assert hashed <= 1.05 * 10  # what the watcher adds: without it, one class for all four
 
 
-def test_an_established_connection_is_read_from_the_kernels_table_both_ways():
-    """`flows.connections` on this namespace's own /proc/net/tcp, with a real connection on
-    loopback: each end is a connection from 127.0.0.1, its own port first; a listener is not."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    cli = socket.create_connection(srv.getsockname())
-    conn, _ = srv.accept()
+def test_a_connection_is_read_from_the_kernels_table_from_each_end_and_not_to_its_own_address():
+    """`flows.connections` on this namespace's own /proc/net/tcp, with real connections on
+    loopback: 127.0.0.1 -> 127.0.0.2 is one from each end, its own port first; a listener is
+    none, and nor is 127.0.0.1 -> 127.0.0.1 (to its own address: never on a link)."""
+    srv, own = socket.socket(), socket.socket()
+    srv.bind(("127.0.0.2", 0))
+    own.bind(("127.0.0.1", 0))
+    for s in (srv, own):
+        s.listen(1)
+    cli = socket.create_connection(srv.getsockname(), source_address=("127.0.0.1", 0))
+    cli_own = socket.create_connection(own.getsockname())
+    ends = [srv.accept()[0], own.accept()[0]]
     try:
         with open("/proc/thread-self/net/tcp") as fh:
-            found = flows.connections(fh.read(), "127.0.0.1")
-        sport, lport = cli.getsockname()[1], srv.getsockname()[1]
-        assert {(sport, "127.0.0.1", lport), (lport, "127.0.0.1", sport)} <= found
-        assert not any(c[0] == lport and c[2] == 0 for c in found)  # the listener itself
-        with open("/proc/thread-self/net/tcp") as fh:
-            assert not flows.connections(fh.read(), "198.18.0.1") & found  # another address's: none
+            table = fh.read()
+        one, two = flows.connections(table, "127.0.0.1"), flows.connections(table, "127.0.0.2")
+        cport, sport = cli.getsockname()[1], srv.getsockname()[1]
+        assert (cport, "127.0.0.2", sport) in one and (sport, "127.0.0.1", cport) in two
+        assert not {c for c in one | two if cli_own.getsockname()[1] in (c[0], c[2])}  # to its own address
+        assert not {c for c in one | two if c[0] == sport and c[2] == 0}  # the listener
+        assert not flows.connections(table, "198.18.0.1") & (one | two)  # another address's: none
     finally:
-        for s in (conn, cli, srv):
+        for s in (*ends, cli, cli_own, srv, own):
             s.close()
-    assert flows.proc_addr("127.0.0.1") == "0100007F"  # as the kernel writes it (host order)
