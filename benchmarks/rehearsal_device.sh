@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one-GPU rehearsal on the `device` machine, over one or more calls (each at most 10 minutes):
-#   GRADSHARE_COMMIT=$(git describe --always --dirty) bash benchmarks/rehearsal_device.sh start
+#   GRADSHARE_COMMIT=<this checkout's commit, written out> bash benchmarks/rehearsal_device.sh start
+#       # (written out here: `$(git describe)` runs on the device, whose copy of git can be stale)
 #       # install MLflow's wheels (.whl), copy this tree aside (later calls may change it), then in a
 #       # session of its own: the harness's single on the study's documents (benchmarks/gpu_path.py,
 #       # as many updates as the rehearsal, where that is 6 or more), then the whole rehearsal beside
