@@ -10,13 +10,13 @@ projected). A cloud's cap is per flow, never per hash.
 `FlowClasses` closes that: a thread inside the namespace reads its TCP table
 (`/proc/thread-self/net/tcp`) every `POLL_S` and gives each new connection on the link a slot
 of its own: an exact `u32` filter (addresses and ports) in a table ahead of the hash (`TABLE`,
-priority 1, made by `shape_flows`), whose handle is the slot's and which sends to the slot's
-class. A slot's filter is deleted and made again when the slot goes to another connection
+priority 1), whose handle is the slot's and which sends to the slot's class (the table and the
+classes: `table_commands`, in `shape_flows`'s batch). A slot's filter is deleted and made again when the slot goes to another connection
 (u32's `replace` would keep the old matches), so the table holds `OWN_CLASSES` filters at
 most. The hash then carries only a connection's first `POLL_S` or so, and connections beyond
 `OWN_CLASSES` at once.
 
-    classes = FlowClasses(ns, addr, "gslink", 10, 40, enter=lambda: in_netns(ns))  # after shape_flows
+    classes = FlowClasses(ns, addr, "gslink", enter=lambda: in_netns(ns))  # after shape_flows
     ...                                                      # the hosts' processes run
     classes.stop()
 """
@@ -64,10 +64,19 @@ def connections(table: str, addr: str) -> set[tuple[int, str, int]]:
     return found
 
 
-def table_commands(ifname: str) -> list[str]:
-    """`tc -batch` lines for `shape_flows`: the slots' table at priority 1, linked from that
-    priority's root, which passes every packet no slot matches on to priority 2 (the hash)."""
-    return [f"filter add dev {ifname} parent 1: prio 1 handle {TABLE}: protocol ip u32 divisor 1",
+def leaf_class(ifname: str, minor: int, among: int, flow_mbit: float, rate_mbit: float) -> str:
+    """A `tc -batch` line: the htb class 1:`minor`, one of `among` under the total, with a small
+    guaranteed share of `rate_mbit` and up to one flow's cap."""
+    return (f"class add dev {ifname} parent 1:1 classid 1:{minor:x} htb rate {max(0.01, rate_mbit / among):.3f}mbit "
+            f"ceil {min(flow_mbit, rate_mbit)}mbit")
+
+
+def table_commands(ifname: str, flow_mbit: float, rate_mbit: float) -> list[str]:
+    """`tc -batch` lines for `shape_flows`: the slots' classes, and their table at priority 1,
+    linked from that priority's root, which passes every packet no slot matches on to priority 2
+    (the hash)."""
+    return [*(leaf_class(ifname, FIRST_CLASS + k, OWN_CLASSES, flow_mbit, rate_mbit) for k in range(OWN_CLASSES)),
+            f"filter add dev {ifname} parent 1: prio 1 handle {TABLE}: protocol ip u32 divisor 1",
             f"filter add dev {ifname} parent 1: prio 1 protocol ip u32 match ip protocol 6 0xff link {TABLE}:"]
 
 
@@ -77,21 +86,13 @@ class FlowClasses:
     into the namespace (`netns.in_netns`). `errors`: what went wrong, the watcher's own
     exceptions too (it goes on; `given` says how many connections got a slot)."""
 
-    def __init__(self, ns: str, addr: str, ifname: str, flow_mbit: float, rate_mbit: float,
-                 enter: Callable[[], ContextManager]):
+    def __init__(self, ns: str, addr: str, ifname: str, enter: Callable[[], ContextManager]):
         self.ns, self.addr, self.ifname, self._enter = ns, addr, ifname, enter
         self.held: dict[tuple[int, str, int], int] = {}  # live connection -> its slot
         self._filtered: set[int] = set()  # slots that have (or may have) a filter
         self.given = 0  # connections given a slot, ever
         self.errors: list[str] = []
         self._stop = threading.Event()
-        tc = ["ip", "netns", "exec", ns, "tc"]
-        batch = [f"class add dev {ifname} parent 1:1 classid 1:{FIRST_CLASS + k:x} htb rate "
-                 f"{max(0.01, rate_mbit / OWN_CLASSES):.3f}mbit ceil {min(flow_mbit, rate_mbit)}mbit"
-                 for k in range(OWN_CLASSES)]
-        proc = subprocess.run(tc + ["-batch", "-"], input="\n".join(batch) + "\n", capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"tc -batch (a class per connection in {ns}) failed: {proc.stderr.strip()[:500]}")
         self._thread = threading.Thread(target=self._watch, name=f"flows-{ns}", daemon=True)
         self._thread.start()
 

@@ -207,13 +207,9 @@ def shape_flows(ns: str, rate_mbit: float, flow_mbit: float) -> None:
     # everything not TCP (ARP, ICMP) beside the flows, under the same total
     _run(tc + ["class", "add", "dev", IFNAME, "parent", "1:1", "classid", "1:2", "htb",
                "rate", f"{min(flow_mbit, rate_mbit)}mbit", "ceil", f"{rate_mbit}mbit"])
-    batch = []
-    for b in range(FLOW_BUCKETS):
-        # a small guaranteed share each (256 of them under the total), up to the flow cap
-        batch.append(f"class add dev {IFNAME} parent 1:1 classid 1:{0x100 + b:x} htb "
-                     f"rate {max(0.01, rate_mbit / FLOW_BUCKETS):.3f}mbit ceil {min(flow_mbit, rate_mbit)}mbit")
+    batch = [flows.leaf_class(IFNAME, 0x100 + b, FLOW_BUCKETS, flow_mbit, rate_mbit) for b in range(FLOW_BUCKETS)]
     # priority 2: `flows.FlowClasses` puts its exact filters ahead, at 1, in a table of their own
-    batch.extend(flows.table_commands(IFNAME))
+    batch.extend(flows.table_commands(IFNAME, flow_mbit, rate_mbit))
     batch.append(f"filter add dev {IFNAME} parent 1: prio 2 handle 2: protocol ip u32 divisor {FLOW_BUCKETS}")
     # the TCP header starts at byte 20 of an IP packet without options; its first word holds the
     # source port in its high half: the low byte of that port picks the bucket
@@ -247,8 +243,7 @@ def setup(rate_mbit: float, tag: str | None = None, flow_mbit: float = 0.0) -> T
             _run(["ip", "-n", name, "link", "set", "lo", "up"])
             if flow_mbit > 0:
                 shape_flows(name, rate_mbit, flow_mbit)
-                hosts.watchers.append(flows.FlowClasses(name, addr, IFNAME, flow_mbit, rate_mbit,
-                                               enter=lambda name=name: in_netns(name)))
+                hosts.watchers.append(flows.FlowClasses(name, addr, IFNAME, enter=lambda name=name: in_netns(name)))
             else:
                 shape(name, rate_mbit)
     except BaseException:

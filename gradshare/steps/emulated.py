@@ -168,7 +168,7 @@ def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flo
             rc0 = None
         for i, watcher in enumerate(hosts.watchers):  # a per-flow cap: did each connection get its own?
             print(f"[gradshare] emulated link, host {i}: {watcher.given} connection(s) given a flow class of "
-                  f"their own" + (f"; tc refused one: {watcher.errors[0]}" if watcher.errors else ""), flush=True)
+                  f"their own" + (f"; its first error: {watcher.errors[0]}" if watcher.errors else ""), flush=True)
         # leaving the block tears the hosts down and kills what is still inside, by pid
     for p in procs:
         if p.poll() is None:
