@@ -284,47 +284,90 @@ def _alive(name: str) -> bool:
 
 
 def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, streams: int = 1,
-                 source_ports: list[int] | None = None) -> float:
+                 source_ports: list[int] | None = None, timeout_s: float = 600.0) -> float:
     """Goodput of `streams` TCP streams at once from host `sender` to the other, Mbit/s in all
     (a check of the shaping: with a per-flow cap, one stream gets the flow's rate). Each stream
-    leaves from the port of `source_ports` at its index, or the kernel's choice (None, 0)."""
+    leaves from the port of `source_ports` at its index, or the kernel's choice (None, 0).
+
+    A stream that fails (its socket refused, its peer gone before every byte arrived, not done
+    in `timeout_s`) raises `LinkMeasurementError` with its reason: a rate from the streams that
+    did finish would read high."""
     ports = list(source_ports or [0] * streams)
     if len(ports) != streams:
         raise ValueError(f"{streams} streams need as many source ports, not {len(ports)}")
     if streams > 1:
-        threads = [threading.Thread(target=measure_mbit, args=(hosts, megabytes / streams, sender, 1, [port]))
-                   for port in ports]
+        errors: list[BaseException] = []
+
+        def one(port: int) -> None:
+            try:
+                measure_mbit(hosts, megabytes / streams, sender, 1, [port], timeout_s)
+            except BaseException as exc:  # noqa: BLE001 - kept, and raised on the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(port,), daemon=True) for port in ports]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=600)
-        return megabytes * 8 / (time.perf_counter() - t0)
+            t.join(timeout=timeout_s)
+        s = time.perf_counter() - t0
+        late = sum(t.is_alive() for t in threads)
+        if late:
+            errors.append(LinkMeasurementError(f"{late} stream(s) still running after {timeout_s:g} s"))
+        if errors:
+            raise LinkMeasurementError(f"{len(errors)} of {streams} streams from host {sender} failed; "
+                                       f"the first: {errors[0]}") from errors[0]
+        return megabytes * 8 / s
 
     receiver = 1 - sender
     with in_netns(hosts.ns[receiver]):
         srv = socket.socket()
         srv.bind((hosts.addr[receiver], 0))
         srv.listen(1)
+    srv.settimeout(timeout_s)
     port = srv.getsockname()[1]
     total = int(megabytes * 1e6)
-    got = []
+    got: list[float] = []
+    received = [0]
+    errors = []
 
     def drain():
-        conn, _ = srv.accept()
-        n = 0
-        while n < total and (data := conn.recv(1 << 16)):
-            n += len(data)
-        got.append(time.perf_counter())
-        conn.close()
+        try:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(timeout_s)
+                while received[0] < total and (data := conn.recv(1 << 16)):
+                    received[0] += len(data)
+            got.append(time.perf_counter())
+        except OSError as exc:
+            errors.append(exc)
 
-    t = threading.Thread(target=drain)
+    t = threading.Thread(target=drain, daemon=True)
     t.start()
-    with in_netns(hosts.ns[sender]):
-        cli = socket.create_connection((hosts.addr[receiver], port), source_address=(hosts.addr[sender], ports[0]))
-    t0 = time.perf_counter()
-    cli.sendall(b"\0" * total)
-    t.join(timeout=600)
-    cli.close()
+    try:
+        with in_netns(hosts.ns[sender]):
+            cli = socket.create_connection((hosts.addr[receiver], port), timeout=timeout_s,
+                                           source_address=(hosts.addr[sender], ports[0]))
+        with cli:
+            t0 = time.perf_counter()
+            cli.sendall(b"\0" * total)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            srv.shutdown(socket.SHUT_RDWR)  # wakes the receiver's accept (a close alone does not)
+        t.join(timeout=timeout_s)
+        srv.close()
+        raise LinkMeasurementError(f"the stream from host {sender} (source port {ports[0] or 'any'}) "
+                                   f"failed: {exc}") from exc
+    t.join(timeout=timeout_s)
     srv.close()
+    if errors:
+        raise LinkMeasurementError(f"the receiver on host {receiver} failed: {errors[0]}") from errors[0]
+    if t.is_alive() or not got:
+        raise LinkMeasurementError(f"the receiver on host {receiver} did not finish in {timeout_s:g} s")
+    if received[0] < total:
+        raise LinkMeasurementError(f"the stream from host {sender} ended after {received[0]:,} of {total:,} bytes")
     return total * 8 / 1e6 / (got[0] - t0)
+
+
+class LinkMeasurementError(RuntimeError):
+    """A stream of `measure_mbit` failed: no rate can be given for it."""

@@ -42,6 +42,26 @@ def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
 
 
 @needs_hosts
+def test_a_stream_that_fails_raises_with_its_reason_and_never_reads_as_a_rate(hosts):
+    """One of four streams cannot leave: its source port is taken on the sending host. Before,
+    the thread's exception was lost and the three streams that finished made the rate."""
+    with netns.in_netns(hosts.ns[0]):
+        taken = socket.socket()
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        taken.bind((hosts.addr[0], 0))
+        taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        with pytest.raises(netns.LinkMeasurementError, match=r"1 of 4 streams from host 0 failed.*"
+                           rf"source port {port}.*Address already in use"):
+            netns.measure_mbit(hosts, 0.4, streams=4, source_ports=[port + 1, port, port + 2, port + 3])
+        with pytest.raises(netns.LinkMeasurementError, match="Address already in use"):
+            netns.measure_mbit(hosts, 0.1, source_ports=[port])
+    finally:
+        taken.close()
+
+
+@needs_hosts
 def test_teardown_leaves_no_namespace_behind_on_failure_too():
     with pytest.raises(RuntimeError, match="boom"):
         with netns.two_hosts(100) as h:
