@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The one-GPU rehearsal on the `device` machine, over one or more calls (each at most 10 minutes):
+# The one-GPU rehearsal on the `device` machine, over one or more calls (each at most 10 minutes).
+# First, here: `python benchmarks/device_wheels.py` makes .whl/ (MLflow and what it needs that the
+# device's image lacks, at constraints.txt's versions); name .whl in the call's carry. Then:
 #   GRADSHARE_COMMIT=<this checkout's commit, written out> bash benchmarks/rehearsal_device.sh start
 #       # (written out here: `$(git describe)` runs on the device, whose copy of git can be stale)
 #       # install MLflow's wheels (.whl), copy this tree aside (later calls may change it), then in a
@@ -17,6 +19,7 @@ SRC=/tmp/rehearsal-src
 LIMIT_S=${LIMIT_S:-560}
 export PYTHONPATH=/tmp/site:$SRC
 if [ "${1:-}" = start ]; then
+  ls .whl/*.whl > /dev/null 2>&1 || { echo "no .whl/ here: make it with python benchmarks/device_wheels.py and carry .whl"; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   rm -rf $W $SRC && mkdir -p $W/harness && cp -r . $SRC && rm -rf $SRC/.whl
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $W/log

@@ -31,10 +31,13 @@ from dataclasses import dataclass, field
 from gradshare.contract import metrics as M
 from gradshare.contract import speed
 from gradshare.cost.accounting import host_price
+from gradshare.cost.share import work_share
 from gradshare.cost.volume import GB, cross_zone_bytes, wire_bytes_per_rank
 from gradshare.tracking import connection, store, study_runs
 
-TWO_HOST_SHARE = 0.5  # one rank's share of an update in the plan's two-process arms
+# s: one rank's documents in the plan's two-process arms, kept for every W; what the arm's own
+# cores or devices add over that share is in x(arm), measured
+TWO_HOST_SHARE = work_share(2)
 DEFAULT_HOSTS = (2, 4, 8, 16, 32, 64)
 
 

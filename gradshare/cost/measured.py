@@ -7,7 +7,9 @@ An arm's update on the measured hosts:
 
     compute     one device's whole update: a one-process arm's measured median where it finished,
                 else the projection's (GPU study) or `arms.expected_update_s` (CPU study)
-    share       1 for single; 1/2 for the plan's two-process arms (each rank half the documents)
+    share       one rank's share of it (`gradshare.cost.share`): 1 for single; for the plan's
+                two-process arms as the preflight timed it on these hosts (about 1/2 with a device a
+                rank, more where the ranks share cores)
     exchange    a dense update: the preflight's median round of dense's own buckets all-reduced,
                 at the sustained rate (its last window); a compressed update: PowerSGD's round
 
@@ -23,12 +25,12 @@ import json
 import statistics
 
 from gradshare.cost.accounting import host_price
+from gradshare.cost.share import compute_share
 from gradshare.cost.volume import GB, WIRE_OVERHEAD, arm_cross_zone_bytes, exchange_bytes, ring_factor
 from gradshare.contract import metrics as M
 from gradshare.contract import speed
 from gradshare.tracking import connection, study_runs
 
-TWO_HOST_SHARE = 0.5
 ARTIFACT = "preflight.json"
 
 
@@ -46,7 +48,9 @@ def summarize(plan, results: dict[str, dict]) -> dict:
             "powersgd_round_s": (link.get("powersgd") or {}).get("round_s_median")}
     best = max(settings, key=lambda k: settings[k]["dense_last_Bps"])
     first = next(iter(results.values()))
+    timed = next((r["compute"] for r in results.values() if r.get("compute")), {})  # the first setting's
     return {"backend": first["backend"], "world": first["world"], "settings": settings, "best": best,
+            "compute": timed,
             "sustain_s": plan.preflight.sustain_s, "window_s": f"{plan.preflight.window_s:g} s",
             "clock_offset_s": first["clock_offset_s"],
             "ranks": [{"rank": x["rank"], **x["resources"], **{f"host_link_{k}": v for k, v in x["host_link"].items()}}
@@ -69,7 +73,7 @@ def update_s(plan, arm: str, update: int, compute_s: float, figures: dict, setti
         return compute_s
     dense, psgd = round_s(figures, setting or figures["best"], rate)
     exchange = psgd if kind.compresses(update) and psgd is not None else dense
-    return compute_s * TWO_HOST_SHARE + exchange
+    return compute_s * compute_share(plan, arm, figures)[0] + exchange
 
 
 def arm_seconds(plan, arm: str, compute_s: float, figures: dict, updates: int | None = None, rate: str = "last") -> float:
@@ -185,6 +189,8 @@ def metrics(figures: dict) -> dict[str, float]:
                 f"{pre}/capacity_MBps": f["capacity_Bps"] / 1e6}
         if f["powersgd_round_s"] is not None:
             out[f"{pre}/powersgd_round_s"] = f["powersgd_round_s"]
+    timed = figures.get("compute") or {}
+    out |= {f"preflight/compute_{k}": timed[k] for k in ("share", "alone_s", "rank_s") if k in timed}
     for r, off in enumerate(figures["clock_offset_s"]):
         out[f"preflight/rank{r}/clock_offset_s"] = off
     for x in figures["ranks"]:
@@ -225,6 +231,11 @@ def table(figures: dict) -> str:
         lines.append(f"| {x['rank']} | {x['host']} | {x['host_available_bytes'] / 1e9:.1f} | "
                      f"{x['outbox_free_bytes'] / 1e9:.1f} | {off:+.4f} | {'-' if link is None else f'{link:.1f}'} |")
     g = figures["go_no_go"]
+    timed = figures.get("compute") or {}
+    if timed.get("share"):
+        lines += ["", f"One rank's share of an update: {timed['share']:.2f} of one device's whole update "
+                      + (f"({timed['rank_s']:.3f} s against {timed['alone_s']:.3f} s; {timed['source']})."
+                         if "rank_s" in timed else f"({timed['source']}).")]
     lines += ["", f"Projected ({g['provenance']}; compute {g['compute_s']:.3f} s/update, {g['compute_source']}): "
               f"{g['hours']:.2f} h, ${g['usd']:.2f} for the arms to run"
               + "".join(f"; {r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in g["arms"]) + "."]

@@ -14,6 +14,10 @@ with the link's figures. What is measured:
   setting's flows: dense's bytes in as many equal all-reduces at once;
 - **the host link** (GPUs only): pinned copies of the FP32 error's bucket sizes, host to device,
   device to host and both at once (two streams);
+- **one rank's share of an update** (`compute_share`): the plan's model trained on rank 0 alone with
+  an update's documents, as `single` runs, then on every rank at once with a rank's documents, as a
+  two-process arm runs; the ratio of the two (CPU ranks: on emulated hosts they share one machine's
+  cores). A GPU rank is not timed: its share is its documents, times the ranks on its device;
 - **this host**: memory that can be pinned for the error (the host's available memory), the GPU's
   free memory against `hardware.max_device_gib`, the outbox's free disk;
 - **the clock offset** of each rank against rank 0 (a round trip over the process group: the
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -54,6 +59,18 @@ class Probe:
     flows: int = 1
     """Sockets (flows) the setting opens to a peer: the link's capacity is measured with dense's
     bytes in this many equal all-reduces at once, one a flow."""
+    model: str = ""
+    """The plan's model shape (`model.config`, or `hf:DIR`) to time an update of; "": not timed."""
+    vocab_size: int = 0
+    """The prepared model's vocabulary (its tokenizer's); 0: the config's."""
+    docs_per_update: int = 0
+    micro_batch_docs: int = 1
+    doc_tokens: int = 0
+    threads_alone: int = 0
+    """Torch threads of a one-process arm (the arms' launch gives it these; 0: torch's default)."""
+    threads_rank: int = 0
+    """Torch threads of each rank of a two-process arm."""
+    compute_repeats: int = 3
 
 
 def result_path(workdir: Path, rank: int) -> Path:
@@ -185,6 +202,50 @@ def host_link(p: Probe) -> dict:
             "both_GBps": 2 * reps * size / timed(both) / 1e9, "bucket_bytes": size}
 
 
+def compute_share(p: Probe, rank: int, world: int) -> dict:
+    """One rank's share of an update's compute on these hosts (rank 0's figures; {} on the others,
+    or where the probe times no model): `share` = the slowest rank's update with a rank's documents,
+    all ranks at once / rank 0's update with all of an update's documents, alone. Each figure the
+    median of `compute_repeats` after one untimed update."""
+    if not p.model or p.docs_per_update < world:
+        return {}
+    import torch
+    import torch.distributed as dist
+
+    if p.device != "cpu":  # a device a rank: its documents, times the ranks that share its device
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        on_device = math.ceil(local / max(1, torch.cuda.device_count()))
+        return {"share": on_device / world, "source": f"not timed: {local} rank(s) on "
+                f"{torch.cuda.device_count()} device(s) of this host, a rank's documents 1/{world}"} if rank == 0 else {}
+    # torch and transformers: the probe's processes build the model, the preflight step does not
+    from gradshare.model.update_cost import UpdateBench
+
+    bench = UpdateBench(p.model, p.micro_batch_docs, p.doc_tokens, vocab_size=p.vocab_size or None)
+    alone = []
+    if rank == 0:  # as `single` runs: one process, its threads, every document; the others wait
+        if p.threads_alone > 0:
+            torch.set_num_threads(p.threads_alone)
+        bench.update_s(p.docs_per_update)
+        alone = [bench.update_s(p.docs_per_update) for _ in range(p.compute_repeats)]
+    if p.threads_rank > 0:
+        torch.set_num_threads(p.threads_rank)
+    mine = p.docs_per_update // world
+    dist.barrier()
+    bench.update_s(mine)
+    together = []
+    for _ in range(p.compute_repeats):
+        dist.barrier()  # every rank starts its update at once, as the arm's ranks do
+        slowest = torch.tensor([bench.update_s(mine)], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        together.append(float(slowest))
+    if rank != 0:
+        return {}
+    a, t = statistics.median(alone), statistics.median(together)
+    return {"share": t / a, "alone_s": a, "rank_s": t, "alone_runs_s": alone, "rank_runs_s": together,
+            "source": f"timed: the plan's model, {p.docs_per_update} documents on one process against "
+                      f"{mine} on each of {world} at once"}
+
+
 def resources(p: Probe) -> dict:
     """What this host can give the arm: memory for the pinned error, GPU memory under the cap,
     disk for the checkpoint and the outbox."""
@@ -216,11 +277,12 @@ def run(workdir: Path) -> None:
     try:
         mine = {"rank": rank, "label": p.label, "resources": resources(p), "host_link": host_link(p)}
         offsets = clock_offset_s(rank, world)
+        share = compute_share(p, rank, world)  # before the link: the model's memory is freed by then
         figures = link(p, "cpu" if p.device == "cpu" else f"cuda:{torch_local_rank()}")
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         out = mine | ({"link": figures, "clock_offset_s": offsets, "ranks": everyone, "world": world,
-                       "backend": backend} if rank == 0 else {})
+                       "backend": backend, "compute": share} if rank == 0 else {})
         result_path(workdir, rank).write_text(json.dumps(out, indent=1))
     finally:
         dist.destroy_process_group()

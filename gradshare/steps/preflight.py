@@ -33,7 +33,7 @@ from gradshare.cost.volume import should_compress
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import outbox, store, study_runs
-from gradshare.train.driver import Launch, check_launch, free_port
+from gradshare.train.driver import Launch, check_launch, free_port, thread_env
 
 ARTIFACT = "preflight.json"
 
@@ -85,7 +85,23 @@ def _probe_command(plan: Plan, workdir: Path, launch: Launch, port: int) -> list
            "--num_machines", str(launch.num_machines), "--mixed_precision", "no", "--dynamo_backend", "no",
            "--multi_gpu", "--machine_rank", str(launch.machine_rank), "--main_process_ip", launch.main_process_ip,
            "--main_process_port", str(port)]
+    if plan.hardware.threads_per_process > 0:  # as the arms are launched: the compute share is theirs
+        cmd += ["--num_cpu_threads_per_process", str(plan.hardware.threads_per_process)]
     return cmd + ["-m", probe_mod.__name__, "--workdir", str(workdir)]
+
+
+def compute_probe(plan: Plan, shapes: list[tuple[int, ...]]) -> dict:
+    """The `Probe` fields that time one rank's share of an update (`probe.compute_share`): the
+    plan's model with the prepared vocabulary (the rows of its largest matrix, the embedding), its
+    documents, and the threads the arms' processes get."""
+    src = plan.model.source
+    threads = plan.hardware.threads_per_process
+    vocab = max((s for s in shapes if len(s) == 2), key=_numel, default=(0,))[0]
+    return {"model": src if src.startswith("hf:") else plan.model.config, "vocab_size": vocab,
+            "docs_per_update": plan.schedule.docs_per_update, "micro_batch_docs": plan.schedule.micro_batch_docs,
+            "doc_tokens": plan.data.max_doc_tokens,
+            # as the arms are launched (`driver.launch_command`): a one-process CPU arm gets every core
+            "threads_alone": threads if threads > 0 else (os.cpu_count() or 1), "threads_rank": threads}
 
 
 def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
@@ -104,8 +120,8 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
                 dense_buckets=dense, powersgd_buffers=psgd, sustain_s=plan.preflight.sustain_s,
                 window_s=plan.preflight.window_s, device=plan.hardware.device,
                 max_device_gib=plan.hardware.max_device_gib, error_buckets=dense, outbox=str(outbox.root()),
-                label=setting, flows=t * s))
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **sockets.env_for(setting, kind, ifname))
+                label=setting, flows=t * s, **(compute_probe(plan, shapes) if k == 0 else {})))  # the share: once
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **sockets.env_for(setting, kind, ifname))
             log(f"[gradshare] preflight: sockets {setting} ({kind}{', ' + ifname if ifname else ''}): "
                 f"{plan.preflight.sustain_s:g} s of the arms' all-reduces ...")
             # each setting its own rendezvous port (host B counts the same way)

@@ -68,7 +68,11 @@ def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_15_pe
     compute, _ = measured.compute_s(study, plan)
     projected = measured.update_s(plan, "dense", 1, compute, figures)
     got = _median_steps(dense)
-    print(f"dense across the link: {got:.3f} s an update, projected {projected:.3f} s")
+    share = figures["compute"]
+    round_s, _ = measured.round_s(figures, figures["best"])
+    print(f"dense across the link: {got:.3f} s an update, projected {projected:.3f} s (compute {compute:.3f} s "
+          f"x share {share['share']:.3f} [{share['rank_s']:.3f} / {share['alone_s']:.3f}] + round {round_s:.3f} s); "
+          f"got/projected {got / projected:.3f}")
     assert abs(got - projected) / got <= 0.15, (got, projected)
 
 

@@ -26,6 +26,8 @@ DEFERRED = {
         "MLflow loads the plugin in every process that imports mlflow; only `mlflow run` pays for the checks",
     ("entrypoints/cli.py", "entrypoints.*"):
         "`gradshare CMD` imports CMD's module only: `--help` and the light commands load no torch",
+    ("gradshare/hosts/probe.py", "gradshare.model.update_cost"):
+        "the probe's processes time the model (torch, transformers); the preflight step imports the probe's Probe without them",
     ("gradshare/inputs/build.py", "gradshare.model.lm"):
         "only the tiny seed model needs the model's code (torch); the projection builds inputs without one",
 }
