@@ -112,10 +112,12 @@ def main(argv=None) -> None:
     if args.list:
         print("\n".join(f"{n}=={v}" for n, v in versions.items()))
         return
-    exclude = REPO / ".git" / "info" / "exclude"
-    if exclude.parent.exists() and "/.whl/" not in exclude.read_text(errors="replace").split():
-        with open(exclude, "a") as fh:
-            fh.write("/.whl/\n")
+    exclude = REPO / ".git" / "info" / "exclude"  # .whl/ never committed
+    if (REPO / ".git").is_dir():
+        exclude.parent.mkdir(exist_ok=True)
+        if "/.whl/" not in (exclude.read_text(errors="replace").split() if exclude.exists() else []):
+            with open(exclude, "a") as fh:
+                fh.write("/.whl/\n")
     download(versions, Path(args.dest))
     got = sorted(Path(args.dest).glob("*.whl"))
     size = sum(p.stat().st_size for p in got)

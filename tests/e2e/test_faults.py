@@ -38,9 +38,11 @@ def stopped_study(mlflow_server):
 
 def _stop_after_three_updates(study: str, arm: str, stop) -> tuple[object, str]:
     """Start the arm (updates slowed), call `stop(proc)` once it has logged three updates;
-    returns its run and output once it has ended."""
+    returns its run and output once it has ended. Slowed to 3 s an update: the stop must land
+    before the 8th update ends, and seeing the third logged (the outbox's send, this loop's
+    search) can lag by seconds on a loaded machine; five updates of 3 s leave 15 s for that."""
     proc = subprocess.Popen([sys.executable, "-m", "entrypoints.train", "--study", study, "--arm", arm],
-                            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", "GRADSHARE_INJECT_SLOW_S": "1.5"},
+                            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", "GRADSHARE_INJECT_SLOW_S": "3"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     while True:  # until three updates are logged

@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import psutil
 import pytest
@@ -155,13 +154,13 @@ def test_a_rank_that_sleeps_forever_ends_the_arm_as_hung_within_the_update_bound
     """Every rank alive (the sleeper's heartbeat thread beats on, its peer waits in a collective)
     and none completes an update: the arm ends after arms.hang_updates x arms.expected_update_s,
     far below its time limit, FAILED, naming the hang and the last completed update."""
-    bounds = TIMED | {"arms.stall_s": "10", "arms.hang_updates": "5"}  # a hang bound of 10 s, not 30
+    # a hang bound of 10 s, not 30; a start-up allowance of 120 s, so that on a loaded machine too
+    # the hang bound, not the time limit (120 + 8 x 1 x 2 = 136 s), is what ends the arm
+    bounds = TIMED | {"arms.stall_s": "10", "arms.hang_updates": "5", "arms.startup_s": "120"}
     study = _prepare("hang-study", bounds)
     plan = load_plan("tiny", bounds)
     limit = plan.arms.timeout_s(8)  # the small plan's 8 updates
-    t0 = time.monotonic()
     proc = _train(study, "dense", env={"GRADSHARE_INJECT_HANG_AT": "3:1"})
-    took = time.monotonic() - t0
     assert proc.returncode != 0
     [run] = study_runs.search(study, "train", "dense")
     assert run.info.status == "FAILED"
@@ -169,6 +168,6 @@ def test_a_rank_that_sleeps_forever_ends_the_arm_as_hung_within_the_update_bound
     assert re.match(rf"stalled: arm dense: rank \d on host \S+ made no progress for \d+ s \(stopped or hung: no "
                     rf"rank completed an update within {plan.arms.hang_s():.0f} s", reason), reason
     assert reason.endswith("last completed update 2 of 8"), reason
-    # Not a speed goal: the reason shows the hang bound ended the arm, not its time limit (`timeout:`).
-    assert took < limit + 30, (took, limit)
+    # the reason is the hang bound's, not the time limit's (`timeout:`): no wall-clock figure needed
+    assert not reason.startswith("timeout:") and limit > plan.arms.hang_s() * 10
     assert _worker_processes(run.info.run_id) == []

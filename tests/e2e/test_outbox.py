@@ -125,8 +125,15 @@ def test_an_arm_keeps_training_while_the_server_hangs_and_every_update_arrives(l
     proc = _train(lost_study, "dense", tmp_path / "box", {"GRADSHARE_INJECT_SLOW_S": "1.5"})
     run_id = _wait_for_updates(proc, lost_study, "dense", 2)
     lone_server.freeze()  # hung: a request waits 10 s for nothing, then the records wait
-    time.sleep(14)  # updates go on meanwhile; the server answers again inside the 20 s grace
-    lone_server.freeze(False)
+    # until the outbox has found the server lost (its mark, written once a request timed out):
+    # on a loaded machine that can be later than a fixed sleep; updates go on meanwhile
+    lost_mark = tmp_path / "box" / run_id / "lost_since"
+    deadline = time.monotonic() + 120
+    while not lost_mark.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the outbox never found the server lost"
+        time.sleep(0.2)
+    time.sleep(2)
+    lone_server.freeze(False)  # the server answers again inside the 20 s grace
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, out[-4000:]
     assert "does not answer: records wait in" in out and "kept while it was gone are delivered" in out

@@ -13,13 +13,14 @@ from gradshare.cost.limits import Limits
 from gradshare.tracking import clock, connection, study_runs
 
 
-def _study_with_a_run_ended_now(name: str) -> str:
-    """A study whose last record is a run that ended at this machine's real time."""
+def _study_with_a_run_ended_now(name: str) -> tuple[str, float]:
+    """A study whose last record is a run that ended at this machine's real time: (its id, that
+    end as the store holds it, seconds since the epoch)."""
     c = connection.client()
     exp = c.create_experiment(name)
     run = c.create_run(exp, tags={STEP: "prepare", RUN_NAME: "prepare"})
     c.set_terminated(run.info.run_id, "FINISHED")
-    return exp
+    return exp, c.get_run(run.info.run_id).info.end_time / 1000
 
 
 def test_a_step_on_a_clock_set_back_ten_minutes_is_refused_killed_naming_the_skew(mlflow_server, monkeypatch,
@@ -28,8 +29,9 @@ def test_a_step_on_a_clock_set_back_ten_minutes_is_refused_killed_naming_the_ske
     KILLED as a refusal (named `refused-...`, tagged), its reason naming the seconds and what
     to do; the step's body never runs (nothing attempted)."""
     study = "clock-set-back"
-    exp = _study_with_a_run_ended_now(study)
-    monkeypatch.setattr(clock, "now", lambda: time.time() - 600)
+    exp, ended = _study_with_a_run_ended_now(study)
+    # 600 s before the stored record, whatever the seconds this test takes on a busy machine
+    monkeypatch.setattr(clock, "now", lambda: ended - 600)
     ran = []
     with pytest.raises(SystemExit):
         with study_runs.study_run(study, "train", arm="dense", run_name="train-dense"):
@@ -41,7 +43,7 @@ def test_a_step_on_a_clock_set_back_ten_minutes_is_refused_killed_naming_the_ske
     assert run.data.tags[RUN_NAME] == "refused-train-dense" and ATTEMPT not in run.data.tags
     assert reason.startswith("clock: ") and "before the study's last record" in reason, reason
     skew = float(reason.split(", ")[1].split(" s before")[0])
-    assert 599 <= skew <= 605, reason  # the 600 s, give or take the seconds this test takes
+    assert skew == pytest.approx(600, abs=0.5), reason  # the 600 s, as the reason rounds it
     assert "Set the clock right" in reason and "run the step again" in reason
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"[gradshare] train dense refused: {reason}"], err
@@ -51,8 +53,8 @@ def test_a_clock_behind_by_less_than_the_tolerance_runs_the_step(mlflow_server, 
     """Two hosts' clocks never agree to the millisecond: a few seconds behind the last record
     (inside `clock.TOLERANCE_S`) is no fault."""
     study = "clock-slightly-behind"
-    exp = _study_with_a_run_ended_now(study)
-    monkeypatch.setattr(clock, "now", lambda: time.time() - clock.TOLERANCE_S / 2)
+    exp, ended = _study_with_a_run_ended_now(study)
+    monkeypatch.setattr(clock, "now", lambda: ended - clock.TOLERANCE_S / 2)
     with study_runs.study_run(study, "commit", run_name="commit"):
         pass
     [run] = connection.client().search_runs([exp], f"tags.`{STEP}` = 'commit'")
