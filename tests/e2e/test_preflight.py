@@ -3,7 +3,10 @@ and the whole together, as a cloud network does between instances in two zones:
 
 - the preflight reports both caps: one socket's flow below the several sockets' total;
 - the arms use the fastest setting it measured (`hardware.sockets=auto`), recorded on their runs,
-  and the dense arm across the same link runs within 15% of what the preflight's figures project;
+  and the dense arm across the same link runs as the preflight's figures project it (the
+  product's own projection, `measured.update_s`: one device's update, measured on `single`,
+  times one rank's share as the preflight timed it, plus dense's round at the sustained rate),
+  within the spread measured over repeated runs (`RATIO`);
 - its go/no-go, both ways: a budget that the measured link cannot meet refuses the first arm
   before it starts, naming the measured figure; with the plan's $100 it says GO and the arms train;
 - the socket settings reach the workers' environment (read by the worker, recorded on its run).
@@ -12,6 +15,7 @@ Skipped with the reason where namespaces cannot be made (not root, no `ip`/`tc`)
 """
 from __future__ import annotations
 
+import os
 import statistics
 
 import pytest
@@ -39,12 +43,21 @@ PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "8", "prefli
              "preflight.upload_mb": "4", "powersgd.bucket_cap_mb": "1", "model.pretrain_steps": "1"}
 
 
+# got / projected, dense's median seconds an update over the product's projection, 2026-12-07, the
+# 2-core machine, each run this test alone: 0.890, 1.010 (idle), 1.059, 1.077 (one core kept busy by
+# `yes`), 1.159 (two unit-test processes beside it); mean 1.04, sample sd 0.10. The spread is the
+# exchange's: dense's own exchange ran 1.83-1.94 s in these runs while the preflight's sustained
+# round read 1.67-2.10 s; the compute term (0.07-0.14 s) moved the ratio by a few percent at most.
+# Mean +- 3 sd, rounded out: a projection off by more than that is a fault of the projection.
+RATIO = (0.75, 1.35)
+
+
 def _median_steps(run) -> float:
     return statistics.median(m.value for m in connection.client().get_metric_history(run.info.run_id, M.STEP_S))
 
 
 @needs_hosts
-def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_15_percent(mlflow_server):
+def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_its_measured_spread(mlflow_server):
     study = "preflight-caps"
     run_entry("prepare", "--study", study, *overrides(PREFLIGHT))
     assert run_preflight_across(study, TOTAL_MBIT, timeout_s=600, flow_mbit=FLOW_MBIT) == 0
@@ -73,7 +86,10 @@ def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_15_pe
     print(f"dense across the link: {got:.3f} s an update, projected {projected:.3f} s (compute {compute:.3f} s "
           f"x share {share['share']:.3f} [{share['rank_s']:.3f} / {share['alone_s']:.3f}] + round {round_s:.3f} s); "
           f"got/projected {got / projected:.3f}")
-    assert abs(got - projected) / got <= 0.15, (got, projected)
+    if os.environ.get("GRADSHARE_TEST_FIGURES"):  # a file to keep the figures of repeated runs in
+        with open(os.environ["GRADSHARE_TEST_FIGURES"], "a") as fh:
+            fh.write(f"{got:.4f} {projected:.4f} {compute:.4f} {share['share']:.4f} {round_s:.4f}\n")
+    assert RATIO[0] <= got / projected <= RATIO[1], (got, projected)
 
 
 def _declared_single_usd(plan) -> float:
