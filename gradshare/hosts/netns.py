@@ -308,8 +308,8 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
         t0 = time.perf_counter()
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(timeout=timeout_s)
+        for t in threads:  # one deadline for all of them
+            t.join(timeout=max(0.0, t0 + timeout_s - time.perf_counter()))
         s = time.perf_counter() - t0
         late = sum(t.is_alive() for t in threads)
         if late:
@@ -320,6 +320,7 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
         return megabytes * 8 / s
 
     receiver = 1 - sender
+    deadline = time.perf_counter() + timeout_s  # connect, send and receive: all within it
     with in_netns(hosts.ns[receiver]):
         srv = socket.socket()
         srv.bind((hosts.addr[receiver], 0))
@@ -345,21 +346,22 @@ def measure_mbit(hosts: TwoHosts, megabytes: float = 4.0, sender: int = 0, strea
     t = threading.Thread(target=drain, daemon=True)
     t.start()
     try:
-        with in_netns(hosts.ns[sender]):
-            cli = socket.create_connection((hosts.addr[receiver], port), timeout=timeout_s,
-                                           source_address=(hosts.addr[sender], ports[0]))
-        with cli:
-            t0 = time.perf_counter()
-            cli.sendall(b"\0" * total)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            srv.shutdown(socket.SHUT_RDWR)  # wakes the receiver's accept (a close alone does not)
-        t.join(timeout=timeout_s)
+        try:
+            with in_netns(hosts.ns[sender]):
+                cli = socket.create_connection((hosts.addr[receiver], port), timeout=timeout_s,
+                                               source_address=(hosts.addr[sender], ports[0]))
+            with cli:
+                t0 = time.perf_counter()
+                cli.sendall(b"\0" * total)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                srv.shutdown(socket.SHUT_RDWR)  # wakes the receiver's accept (a close alone does not)
+            t.join(timeout=max(0.0, deadline - time.perf_counter()))
+            raise LinkMeasurementError(f"the stream from host {sender} (source port {ports[0] or 'any'}) "
+                                       f"failed: {exc}") from exc
+        t.join(timeout=max(0.0, deadline - time.perf_counter()))
+    finally:
         srv.close()
-        raise LinkMeasurementError(f"the stream from host {sender} (source port {ports[0] or 'any'}) "
-                                   f"failed: {exc}") from exc
-    t.join(timeout=timeout_s)
-    srv.close()
     if errors:
         raise LinkMeasurementError(f"the receiver on host {receiver} failed: {errors[0]}") from errors[0]
     if t.is_alive() or not got:

@@ -207,7 +207,7 @@ def compute_share(p: Probe, rank: int, world: int) -> dict:
     or where the probe times no model): `share` = the slowest rank's update with a rank's documents,
     all ranks at once / rank 0's update with all of an update's documents, alone. Each figure the
     median of `compute_repeats` after one untimed update."""
-    if not p.model or p.docs_per_update < world:
+    if not p.model or world < 2 or p.docs_per_update < world:
         return {}
     import torch
     import torch.distributed as dist
@@ -221,14 +221,15 @@ def compute_share(p: Probe, rank: int, world: int) -> dict:
     from gradshare.model.update_cost import UpdateBench
 
     bench = UpdateBench(p.model, p.micro_batch_docs, p.doc_tokens, vocab_size=p.vocab_size or None)
+    launched = torch.get_num_threads()  # what the launch gave every rank, as it gives the arms' ranks
+    dist.barrier()  # every rank's model built: none still busy beside rank 0's alone timing
     alone = []
     if rank == 0:  # as `single` runs: one process, its threads, every document; the others wait
         if p.threads_alone > 0:
             torch.set_num_threads(p.threads_alone)
         bench.update_s(p.docs_per_update)
         alone = [bench.update_s(p.docs_per_update) for _ in range(p.compute_repeats)]
-    if p.threads_rank > 0:
-        torch.set_num_threads(p.threads_rank)
+    torch.set_num_threads(p.threads_rank if p.threads_rank > 0 else launched)
     mine = p.docs_per_update // world
     dist.barrier()
     bench.update_s(mine)

@@ -1,6 +1,8 @@
 """What one update of the study's model costs on this process's cores or device: the plan's model
 shape (random weights: the time does not depend on them), micro-batches of the plan's documents at
-their longest, a backward each, then the clip, AdamW's step and the zero, as an arm's update runs.
+their longest, a backward each, then the clip, AdamW's step and the zero, as an arm's update runs
+(in FP32, micro-batches of `schedule.micro_batch_docs` documents: not the arms' packed rows or
+mixed precision, which a GPU arm uses; the preflight times CPU ranks only).
 The preflight's probe (`gradshare.hosts.probe`) times it alone, as `single` runs, and on every rank
 at once with a rank's documents, as a two-process arm runs: their ratio is one rank's share of an
 update on these hosts (`gradshare.cost.share`).
@@ -37,7 +39,14 @@ class UpdateBench:
                  vocab_size: int | None = None):
         cfg = _config(config, vocab_size)
         self.device = torch.device(device)
-        self.model = build_model(cfg, seed=0, device=self.device)
+        if config.startswith("hf:"):  # any causal LM a local directory holds, not only Qwen3
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(0)
+            with self.device:
+                self.model = AutoModelForCausalLM.from_config(cfg).to(torch.float32)
+        else:
+            self.model = build_model(cfg, seed=0, device=self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
         rows = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, cfg.vocab_size, (micro_batch_docs, doc_tokens), generator=rows).to(self.device)

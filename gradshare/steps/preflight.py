@@ -92,11 +92,12 @@ def _probe_command(plan: Plan, workdir: Path, launch: Launch, port: int) -> list
 
 def compute_probe(plan: Plan, shapes: list[tuple[int, ...]]) -> dict:
     """The `Probe` fields that time one rank's share of an update (`probe.compute_share`): the
-    plan's model with the prepared vocabulary (the rows of its largest matrix, the embedding), its
-    documents, and the threads the arms' processes get."""
+    plan's model with the prepared vocabulary (the rows of its first parameter, the input embedding,
+    as `parameter_shapes` and prepare's record list them), its documents, and the threads the arms'
+    processes get."""
     src = plan.model.source
     threads = plan.hardware.threads_per_process
-    vocab = max((s for s in shapes if len(s) == 2), key=_numel, default=(0,))[0]
+    vocab = shapes[0][0] if shapes and len(shapes[0]) == 2 else 0
     return {"model": src if src.startswith("hf:") else plan.model.config, "vocab_size": vocab,
             "docs_per_update": plan.schedule.docs_per_update, "micro_batch_docs": plan.schedule.micro_batch_docs,
             "doc_tokens": plan.data.max_doc_tokens,
@@ -127,9 +128,12 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
             # each setting its own rendezvous port (host B counts the same way)
             port = base + k if launch.num_machines > 1 else free_port()
             with open(work / "launcher.log", "wb") as errs:
+                # the first setting also builds the model and times 2 x (repeats + 1) updates
+                timed_s = (2 * (probe_mod.Probe.compute_repeats + 1) * plan.arms.expected_update_s
+                           + plan.arms.startup_s) if k == 0 else 0
                 done = subprocess.run(_probe_command(plan, work, launch, port), env=env, stdout=errs,
                                       stderr=subprocess.STDOUT,
-                                      timeout=plan.arms.startup_s + 3 * plan.preflight.sustain_s + 120)
+                                      timeout=plan.arms.startup_s + 3 * plan.preflight.sustain_s + 120 + timed_s)
             if done.returncode != 0:
                 tail = (work / "launcher.log").read_text(errors="replace")[-1500:]
                 raise StudyError(f"preflight: the probe with sockets {setting} failed (exit {done.returncode}): "

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from gradshare.contract import metrics as M
+from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import ATTEMPT, CKPT_SHA, FAILURE, REFUSAL
 from gradshare.tracking import connection, study_runs
 from tests.conftest import REPO, overrides, run_entry
@@ -65,7 +66,10 @@ def test_a_stopped_rank_ends_the_arm_within_the_stall_bound_named(round3_study):
                     r"process has not run for \d+ s, arms.stall_s 8\)", reason), reason
     last = int(re.search(r"last completed update (\d+) of 8", reason).group(1))
     assert last == max(_logged(run.info.run_id)) == 2  # the same record as the step metrics
-    # the stall bound ended it, not the arm's time limit: the reason says so, no wall-clock figure needed
+    # the stall bound ended it, long before the arm's time limit would have: the product's own figures
+    silent = int(re.search(r"made no progress for (\d+) s", reason).group(1))
+    stopped = int(re.search(r"has not run for (\d+) s", reason).group(1))
+    assert 8 <= stopped <= silent < load_plan("tiny", dict(BOUNDS)).arms.timeout_s(8), reason
     assert _left(run.info.run_id) == []
     assert run.data.tags.get(ATTEMPT) == "1"  # a stopped rank is the arm's failure: its attempt is used
 

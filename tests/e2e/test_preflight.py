@@ -48,8 +48,9 @@ PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "8", "prefli
 # `yes`), 1.159 (two unit-test processes beside it); mean 1.04, sample sd 0.10. The spread is the
 # exchange's: dense's own exchange ran 1.83-1.94 s in these runs while the preflight's sustained
 # round read 1.67-2.10 s; the compute term (0.07-0.14 s) moved the ratio by a few percent at most.
-# Mean +- 3 sd, rounded out: a projection off by more than that is a fault of the projection.
-RATIO = (0.75, 1.35)
+# Mean +- 3 sd (0.74..1.34), rounded out: a projection off by more than that is a fault of the
+# projection. The share itself is checked on figures that do not move: tests/unit/model/test_update_cost.py.
+RATIO = (0.70, 1.35)
 
 
 def _median_steps(run) -> float:
