@@ -44,13 +44,15 @@ PREFLIGHT = {"preflight.sockets": "1x1,4x1", "preflight.sustain_s": "8", "prefli
 
 
 # got / projected, dense's median seconds an update over the product's projection, 2026-12-07, the
-# 2-core machine, each run this test alone: 0.890, 1.010 (idle), 1.059, 1.077 (one core kept busy by
-# `yes`), 1.159 (two unit-test processes beside it); mean 1.04, sample sd 0.10. The spread is the
-# exchange's: dense's own exchange ran 1.83-1.94 s in these runs while the preflight's sustained
-# round read 1.67-2.10 s; the compute term (0.07-0.14 s) moved the ratio by a few percent at most.
-# Mean +- 3 sd (0.74..1.34), rounded out: a projection off by more than that is a fault of the
-# projection. The share itself is checked on figures that do not move: tests/unit/model/test_update_cost.py.
-RATIO = (0.70, 1.35)
+# 2-core machine. This test alone: 0.890, 1.010 (idle), 1.059, 1.077 (one core kept busy by `yes`),
+# 1.159 (two unit-test processes beside it); in the whole suite on two workers from a clean clone
+# (`CI=true bash .ci/run`): 1.248 (with `yes` beside it), 1.080 (idle). Seven runs: mean 1.075,
+# sample sd 0.112. The spread is the exchange's: dense's own exchange ran 1.81-2.02 s while the
+# preflight's sustained round read 1.58-2.10 s; the compute term (0.07-0.22 s) moved the ratio by a
+# few percent. Mean +- 3 sd (0.74..1.41), rounded out: a projection off by more than that is a
+# fault of the projection. The share itself is checked on figures that do not move:
+# tests/unit/model/test_update_cost.py.
+RATIO = (0.70, 1.45)
 
 
 def _median_steps(run) -> float:
@@ -59,6 +61,9 @@ def _median_steps(run) -> float:
 
 @needs_hosts
 def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_its_measured_spread(mlflow_server):
+    """Dense's measured seconds an update over the product's projection lie in RATIO, 0.70..1.45:
+    the mean +- 3 sd of seven runs on 2026-12-07 (0.89-1.25; mean 1.075, sd 0.112), idle, with a
+    core kept busy, and in the whole suite on two workers."""
     study = "preflight-caps"
     run_entry("prepare", "--study", study, *overrides(PREFLIGHT))
     assert run_preflight_across(study, TOTAL_MBIT, timeout_s=600, flow_mbit=FLOW_MBIT) == 0
