@@ -8,7 +8,8 @@ Everything else — seed, schedule, global target normalisation, clipping, AdamW
 the same code path. Run by `gradshare.train.worker` under `accelerate launch`.
 
 An update reads top to bottom: learning rate; micro-batches under `no_sync` until
-the last (so exactly one gradient exchange per update); the global loss; clip; step;
+the last (so exactly one gradient exchange per update), PowerSGD's host error folded into the
+gradients between them (`powersgd.fold_errors`); the global loss; clip; step;
 `zero_grad(set_to_none=True)`; metering.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from gradshare.train import faults as F
 from gradshare.train import fullstate
 from gradshare.train.graphs import StaticSteps, made_up_batch
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
-from gradshare.train.powersgd import hook_for, make_powersgd_state, prefetch_errors
+from gradshare.train.powersgd import fold_errors, hook_for, make_powersgd_state, prefetch_errors
 from gradshare.train.profiling import ProfileRequest, profiled
 from gradshare.util.devices import indexed
 
@@ -212,8 +213,9 @@ def _host_inputs(plan: Plan, mbs: list[batching.MicroBatch], encoded, pad_id: in
 
 
 def _accumulate_by_count(net, arm: Arm, inputs: list[dict], scale: float, autocast, local, phase: list,
-                         where: str) -> None:
-    """Micro-batches of whole documents, the last one through DDP's exchanging backward."""
+                         where: str, between=lambda: None) -> None:
+    """Micro-batches of whole documents, the last one through DDP's exchanging backward;
+    `between()` after each one before the last."""
     for k, x in enumerate(inputs):
         phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({x['ids'].shape[0]} x {x['ids'].shape[1]} tokens)"
         last = k == len(inputs) - 1
@@ -227,16 +229,20 @@ def _accumulate_by_count(net, arm: Arm, inputs: list[dict], scale: float, autoca
             # averages over ranks, so each rank scales by world to undo it.
             (nll * scale).backward()
         local += torch.stack([nll.detach().double(), x["tgt"][:, 1:].sum().double(), x["att"].sum().double()])
+        if not last:
+            between()
 
 
 def _accumulate_packed(net, steps: StaticSteps, arm: Arm, mbs, inputs: list[dict], scale: float, phase: list,
-                       where: str) -> None:
-    """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate;
-    then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no inputs)."""
+                       where: str, between=lambda: None) -> None:
+    """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate,
+    `between()` after each; then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no
+    inputs)."""
     steps.begin_update(scale)
     for k, (mb, x) in enumerate(zip(mbs, inputs)):
         phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({mb.shape[0]} rows x {mb.shape[1]} tokens)"
         steps.run(x, mb.shape)
+        between()
     if arm.is_ddp:
         phase[0] = f"{where}, the gradient exchange"
         net(ids=None).backward()
@@ -398,17 +404,21 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
     with Clock(a.sync) as clock:
         a.faults.during_update(a.rank)
         inputs = _host_inputs(a.plan, mbs, a.encoded, a.pad_id, a.device)
-        if a.psgd_state is not None:  # the host error's first buckets travel during the micro-batches
+        if a.psgd_state is not None:  # the host error travels up during the micro-batches
             res.error_prefetched_bytes += prefetch_errors(a.psgd_state)
+
+        def between():  # PowerSGD: the errors arrived so far into the gradients, the next ones up
+            if a.psgd_state is not None:
+                res.error_prefetched_bytes += fold_errors(a.psgd_state)
         # Sum of token losses over the global batch / its target count; DDP averages over
         # ranks, so each rank scales by world to undo it.
         scale = a.world / n_global
         if a.steps is not None:
-            _accumulate_packed(a.net, a.steps, a.arm, mbs, inputs, scale, phase, where)
+            _accumulate_packed(a.net, a.steps, a.arm, mbs, inputs, scale, phase, where, between)
             local = a.steps.local
         else:
             local = torch.zeros(3, dtype=torch.float64, device=a.device)  # loss sum, targets, tokens
-            _accumulate_by_count(a.net, a.arm, inputs, scale, a.autocast, local, phase, where)
+            _accumulate_by_count(a.net, a.arm, inputs, scale, a.autocast, local, phase, where, between)
         if a.world > 1:
             dist.all_reduce(local)
         # Reads the loss back from the device: the step's one host sync.

@@ -137,6 +137,14 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
         # The whole FP32 host error, pinned, allocated now, at start-up: pinning 6.9 GB took 6 s
         # on the H200's host, which made the first compressed update 6 s long (2026-12-04).
         # Buckets take consecutive pieces at the first compressed pass, in index order.
+        # Each bucket's Q shapes, and the pass whose Q are orthogonalised (`_orthogonalize_every_q`)
+        self.q_layout: dict[int, list[torch.Size]] = {}
+        self.q_orthogonalized_at = -1
+        self.q_done: set[int] = set()
+        # Buckets whose buffer is their parameters' gradients (`fold_errors` adds into them), and
+        # the buckets of this update whose error is in their gradients already
+        self.bucket_buffers: dict[int, torch.Tensor] = {}
+        self.folded: set[int] = set()
         self._host_pool = (torch.zeros(host_error_numel, dtype=torch.float32,
                                        pin_memory=torch.cuda.is_available()) if host_error_numel else None)
         self._pool_at = 0
@@ -160,6 +168,8 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
         super().__setstate__(state)
         self._copies = None
         self._host_pool, self._pool_at = None, 0  # a restored state brings its error with it
+        self.q_layout, self.q_orthogonalized_at, self.q_done = {}, -1, set()  # relearnt in the next pass
+        self.bucket_buffers, self.folded = {}, set()
 
 
 class _ErrorCopies:
@@ -203,13 +213,14 @@ class _ErrorCopies:
             ev.record(self.up)
         self.prefetched[index] = (dev, ev)
 
-    def top_up(self, host_error: dict[int, torch.Tensor], start: int, device, early: bool = False) -> None:
+    def top_up(self, host_error: dict[int, torch.Tensor], start: int, device, early: bool = False,
+               skip: set[int] = frozenset()) -> None:
         """Fetch buckets start, start + 1, ... (the order DDP calls the hook in) while the
-        staging budget allows."""
+        staging budget allows; `skip`: buckets whose error is in their gradients already."""
         index = start
         while index in host_error:
             host = host_error[index]
-            if index not in self.prefetched:
+            if index not in self.prefetched and index not in skip:
                 size = host.numel() * host.element_size()
                 if self._held() + size > self.staging_bytes:
                     return
@@ -246,6 +257,8 @@ def prefetch_errors(state) -> int:
     """At the start of an update that will compress: send the first buckets' host errors up to the
     GPU during the micro-batches, as far as the fast hook's staging budget allows. Returns the
     bytes sent (0 where nothing is staged: another hook, the CPU, or a warm-up update)."""
+    if hasattr(state, "folded"):
+        state.folded = set()
     copies = getattr(state, "_copies", None)
     if copies is None or state.iter < state.start_powerSGD_iter or not state.host_error:
         return 0
@@ -254,22 +267,60 @@ def prefetch_errors(state) -> int:
     return copies.fetched_early
 
 
+def fold_errors(state) -> int:
+    """After a micro-batch of an update that will compress (the fast hook): add the host errors
+    that have arrived into their buckets' gradients, then send the next buckets' errors up, to
+    arrive during the next micro-batch. Returns the bytes sent up.
+
+    Upstream adds a bucket's error to its gradient in the hook, after every micro-batch; here it
+    is added between micro-batches, into the gradients the later micro-batches accumulate into:
+    the same sum in another order (FP32 rounding apart), and the staging memory of a folded
+    bucket is free again for the next ones, so that the error's trip up runs beside the
+    micro-batches instead of in the exchange. Only where the gradients are views of DDP's buckets
+    (`hardware.gradient_as_bucket_view`: the hook has seen each bucket's buffer); elsewhere the
+    hook adds the error as upstream does. On a CPU every bucket is folded at the first call: the
+    host error is the working copy, and nothing travels."""
+    if not isinstance(state, FastHostErrorPowerSGDState) or state.iter < state.start_powerSGD_iter:
+        return 0
+    buffers, copies = state.bucket_buffers, state._copies
+    if copies is None:
+        for index, host in state.host_error.items():
+            if index in buffers and index not in state.folded:
+                buffers[index].add_(host.to(buffers[index].dtype))
+                state.folded.add(index)
+        return 0
+    for index in sorted(copies.prefetched):  # went up during the micro-batch just run
+        if index in buffers and index not in state.folded:
+            buffers[index].add_(copies.take(index))  # waits for its copy on the device, not the host
+            state.folded.add(index)
+    copies.fetched_early = 0
+    copies.top_up(state.host_error, 0, copies.device, early=True, skip=state.folded)
+    return copies.fetched_early
+
+
 def _cholesky_qr2(x: torch.Tensor) -> None:
     """Orthonormalise the columns of every matrix of the batch `x` (b, n, r) in place.
 
-    Two passes of X <- X R^-1 with R^T R = X^T X + shift: a few batched launches for the whole
-    batch. The first pass's shift (1e-5 of the Gram trace, above the Gram's FP32 rounding)
-    keeps the factorisation finite for a rank-deficient X; the second pass, on columns that are
-    already nearly orthonormal, needs only 1e-7 and restores orthogonality to about 1e-6. For full-rank X this is QR's Q up to column signs; for a
-    rank-deficient X the deficient columns come out near zero, where Householder QR makes
-    them arbitrary orthonormal directions: there the two differ (tests/unit/train/test_fast_path.py).
+    Two passes of X <- X R^-1 with R^T R = X^T X + shift, each pass three batched GEMMs and two
+    solves on r x r matrices: the Gram X^T X, the r x r inverse of the Cholesky factor (a
+    triangular solve against the identity), then X R^-1 as one GEMM. (Solving the tall X against R
+    directly, one triangular solve of n x r per matrix, measured slower than Householder QR on the
+    GPU, 2026-12-04.) The first pass's shift (1e-5 of the Gram trace, above the Gram's FP32
+    rounding) keeps the factorisation finite for a rank-deficient X; the second pass, on columns
+    that are already nearly orthonormal, needs only 1e-7 and restores orthogonality to about 1e-6.
+    For full-rank X this is QR's Q up to column signs; for a rank-deficient X the deficient
+    columns come out near zero, where Householder QR makes them arbitrary orthonormal
+    directions: there the two differ (tests/unit/train/test_fast_path.py).
     """
+    eye = torch.eye(x.shape[2], device=x.device, dtype=x.dtype).expand(x.shape[0], -1, -1)
     for shift in (1e-5, 1e-7):
         gram = torch.bmm(x.transpose(1, 2), x)
         diag = gram.diagonal(dim1=1, dim2=2)
         diag.add_(diag.sum(dim=1, keepdim=True) * shift + 1e-30)
         lower, _ = torch.linalg.cholesky_ex(gram)
-        x.copy_(torch.linalg.solve_triangular(lower.transpose(1, 2), x, upper=True, left=False))
+        # R = L^T, so R^-1 = (L^-1)^T
+        inverse = torch.linalg.solve_triangular(lower, eye, upper=False).transpose(1, 2)
+        x.copy_(torch.bmm(x, inverse))
 
 
 def _orthogonalize_batch(x: torch.Tensor, method: str, epsilon: float) -> None:
@@ -277,6 +328,64 @@ def _orthogonalize_batch(x: torch.Tensor, method: str, epsilon: float) -> None:
         _cholesky_qr2(x)
     else:
         _orthogonalize(x, epsilon)  # upstream: one Householder QR per matrix of the batch
+
+
+def _as_batch(mats: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor | None:
+    """Same-shaped matrices of one bucket as one (b, n, m) view of the bucket, without a copy,
+    where they lie at equal distances in it (say an MLP's gate and up projections, side by side);
+    None where they do not (each is then multiplied on its own)."""
+    if len(mats) < 2:
+        return None
+    starts = [m.storage_offset() for m in mats]
+    step = starts[1] - starts[0]
+    n, m = mats[0].shape
+    if step < n * m or any(b - a != step for a, b in zip(starts, starts[1:])):
+        return None
+    return buffer.as_strided((len(mats), n, m), (step, m, 1), starts[0])
+
+
+def _product(mats: list[torch.Tensor], batch: torch.Tensor | None, rhs: torch.Tensor, out: torch.Tensor,
+             transpose: bool = False) -> None:
+    """out[i] = M_i rhs[i] (or M_i^T rhs[i]): one batched GEMM where the matrices form a batch."""
+    if batch is not None:
+        torch.bmm(batch.transpose(1, 2) if transpose else batch, rhs, out=out)
+        return
+    for i, mat in enumerate(mats):
+        torch.mm(mat.t() if transpose else mat, rhs[i], out=out[i])
+
+
+def _orthogonalize_every_q(state, method: str, epsilon: float) -> None:
+    """Warm start: every bucket's Q (kept from the last compressed pass) orthogonalised at the
+    pass's first bucket, one batched call per shape across all buckets instead of one per shape
+    and bucket. Each matrix is orthogonalised on its own either way (a batched QR or CholeskyQR2
+    treats the matrices of a batch independently): only the number of calls changes."""
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for index, shapes in state.q_layout.items():
+        q_mem = state.q_memory_dict.get(index)
+        if q_mem is None:
+            continue
+        at = 0
+        for b, m, r in shapes:
+            by_shape.setdefault((m, r), []).append(q_mem[at:at + b * m * r].view(b, m, r))
+            at += b * m * r
+    for views in by_shape.values():
+        stacked = torch.cat(views) if len(views) > 1 else views[0]
+        _orthogonalize_batch(stacked, method, epsilon)
+        if len(views) > 1:
+            at = 0
+            for v in views:
+                v.copy_(stacked[at:at + v.shape[0]])
+                at += v.shape[0]
+    state.q_done = set(state.q_layout)
+
+
+def _gradients_are_views(bucket: dist.GradBucket) -> bool:
+    """Whether every parameter's gradient is its slice of the bucket's buffer
+    (`gradient_as_bucket_view`), so that adding into the buffer adds into the gradients."""
+    params, views = bucket.parameters(), bucket.gradients()
+    return len(params) == len(views) and all(
+        p.grad is not None and p.grad.data_ptr() == v.data_ptr() and p.grad.numel() == v.numel()
+        for p, v in zip(params, views))
 
 
 def fast_host_error_powerSGD_hook(
@@ -304,9 +413,11 @@ def fast_host_error_powerSGD_hook(
     if cuda and state._copies is None:
         state._copies = _ErrorCopies(buffer.device, state.staging_bytes)
     copies = state._copies if cuda else None
+    if index not in state.bucket_buffers and _gradients_are_views(bucket):
+        state.bucket_buffers[index] = buffer
     # `work` holds the bucket plus its error, then the new error (upstream's input_tensor_cp).
-    if host is None:
-        work = buffer.clone()  # upstream's first compressed pass: a zero error
+    if host is None or index in state.folded:
+        work = buffer.clone()  # the first compressed pass (a zero error), or the error folded in already
     else:
         check_error_size(index, host, buffer)
         if copies is not None:
@@ -317,7 +428,7 @@ def fast_host_error_powerSGD_hook(
         buffer.add_(work)
         work.copy_(buffer)
     if copies is not None and not bucket.is_last():  # the next buckets' errors travel up while this one is compressed
-        copies.top_up(state.host_error, index + 1, buffer.device)
+        copies.top_up(state.host_error, index + 1, buffer.device, skip=state.folded)
 
     # Upstream's split and order: compressed matrices grouped by shape in first-seen order.
     groups: dict[torch.Size, list[torch.Tensor]] = {}
@@ -352,9 +463,14 @@ def fast_host_error_powerSGD_hook(
         p_at += len(mats) * n * r
         q_at += len(mats) * m * r
     method, eps = state.orthogonalization, state.orthogonalization_epsilon
+    state.q_layout[index] = [q.shape for q in qs]
     if not fresh:
-        for q in qs:
-            _orthogonalize_batch(q, method, eps)
+        if state.q_orthogonalized_at != state.iter:  # the pass's first bucket: every bucket's Q at once
+            _orthogonalize_every_q(state, method, eps)
+            state.q_orthogonalized_at = state.iter
+        if index not in state.q_done:  # a bucket the pass's first call did not know of
+            for q in qs:
+                _orthogonalize_batch(q, method, eps)
     else:
         with torch.random.fork_rng(devices=[]):
             # Upstream's draw: one seed per pass from the state's RNG, one CPU randn per matrix.
@@ -373,19 +489,21 @@ def fast_host_error_powerSGD_hook(
         for t in uncompressed:
             t.copy_(flat[at:at + t.numel()].view_as(t))
             at += t.numel()
-    for mats, p, q in zip(groups.values(), ps, qs):
-        for i, mat in enumerate(mats):
-            torch.mm(mat, q[i], out=p[i])
+    batches = [_as_batch(mats, buffer) for mats in groups.values()]
+    for mats, batch, p, q in zip(groups.values(), batches, ps, qs):
+        _product(mats, batch, q, p)  # P = M Q
     dist.all_reduce(p_mem, group=group)
-    for mats, p, q in zip(groups.values(), ps, qs):
+    for mats, batch, p, q in zip(groups.values(), batches, ps, qs):
         _orthogonalize_batch(p, method, eps)
-        for i, mat in enumerate(mats):
-            torch.mm(mat.t(), p[i], out=q[i])
+        _product(mats, batch, p, q, transpose=True)  # Q = M^T P
     dist.all_reduce(q_mem, group=group)
     q_mem.div_(world)
-    for mats, p, q in zip(groups.values(), ps, qs):
-        for i, mat in enumerate(mats):
-            torch.mm(p[i], q[i].t(), out=mat)
+    for mats, batch, p, q in zip(groups.values(), batches, ps, qs):
+        if batch is not None:  # M = P Q^T
+            torch.bmm(p, q.transpose(1, 2), out=batch)
+        else:
+            for i, mat in enumerate(mats):
+                torch.mm(p[i], q[i].t(), out=mat)
 
     work.sub_(buffer)  # the new error: bucket plus old error, minus what was communicated
     if host is None or host.shape != work.shape:
@@ -398,6 +516,8 @@ def fast_host_error_powerSGD_hook(
     if not state.warm_start:
         state.p_memory_dict.clear()
         state.q_memory_dict.clear()
+    if bucket.is_last():
+        state.folded = set()
     state.maybe_increase_iter(bucket)
     fut = torch.futures.Future(devices=[buffer.device]) if cuda else torch.futures.Future()
     fut.set_result(buffer)

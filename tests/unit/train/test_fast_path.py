@@ -22,8 +22,10 @@ from tests.two_ranks import run_two_ranks
 from gradshare.train.powersgd import (
     FastHostErrorPowerSGDState,
     fast_host_error_powerSGD_hook,
+    fold_errors,
     hook_for,
     make_powersgd_state,
+    prefetch_errors,
 )
 
 WORLD = 2
@@ -31,7 +33,7 @@ SEED = 4321
 WARMUP = 3
 EXCHANGES = 9
 WIDTH = 160  # (160, 160) compresses at ranks 8 and 32; several of them share a bucket
-VARIANTS = ("upstream", "qr", "cholesky-qr2", "qr-pool")
+VARIANTS = ("upstream", "qr", "cholesky-qr2", "qr-pool", "qr-fold")
 RANKS = (8, 32)
 
 
@@ -57,7 +59,8 @@ def _upstream_in_order(state, bucket):
 
 def _run(variant: str, matrix_rank: int) -> dict:
     model = _model()
-    ddp = DDP(model, bucket_cap_mb=0.25)
+    fold = variant == "qr-fold"  # two micro-batches, the error folded into the gradients between them
+    ddp = DDP(model, bucket_cap_mb=0.25, gradient_as_bucket_view=fold)
     if variant == "upstream":
         state = PowerSGDState(None, matrix_approximation_rank=matrix_rank, start_powerSGD_iter=WARMUP,
                               use_error_feedback=True, warm_start=True, random_seed=SEED)
@@ -65,21 +68,30 @@ def _run(variant: str, matrix_rank: int) -> dict:
     else:
         pool = sum(p.numel() for p in model.parameters()) if variant == "qr-pool" else 0
         state = make_powersgd_state(None, matrix_rank, WARMUP, True, "fp32-host", 2.0, SEED,
-                                    hook="fast", orthogonalization=variant.removesuffix("-pool"),
+                                    hook="fast", orthogonalization=variant.removesuffix("-pool").removesuffix("-fold"),
                                     host_error_numel=pool)
         ddp.register_comm_hook(state, hook_for("fp32-host", "fast"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    grads, device_errors, host_buckets = [], [], []
+    grads, device_errors, host_buckets, folded = [], [], [], []
     for step in range(EXCHANGES):
         x, y = _batch(dist.get_rank(), step)
-        opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(ddp(x), y).backward()
+        opt.zero_grad(set_to_none=not fold)  # bucket views stay
+        if fold:
+            prefetch_errors(state)
+            half = len(x) // 2  # two halves of the mean: the same loss as one pass
+            with ddp.no_sync():
+                (0.5 * nn.functional.mse_loss(ddp(x[:half]), y[:half])).backward()
+            fold_errors(state)
+            folded.append(len(state.folded))
+            (0.5 * nn.functional.mse_loss(ddp(x[half:]), y[half:])).backward()
+        else:
+            nn.functional.mse_loss(ddp(x), y).backward()
         grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in model.parameters()]))
         device_errors.append(len(state.error_dict))
         host_buckets.append(len(getattr(state, "host_error", {})))
         opt.step()
-    return {"grads": grads, "iter": state.iter, "device_errors": device_errors,
-            "host_buckets": host_buckets,
+    return {"grads": grads, "iter": state.iter, "device_errors": device_errors, "folded": folded,
+            "host_buckets": host_buckets, "q_at_first_bucket": sorted(getattr(state, "q_done", ())),
             "numel": (state.total_numel_before_compression, state.total_numel_after_compression),
             "in_pool": [getattr(state, "_host_pool", None) is not None
                         and t.untyped_storage().data_ptr() == state._host_pool.untyped_storage().data_ptr()
@@ -102,13 +114,14 @@ def two_ranks(tmp_path_factory):
     return run_two_ranks(_worker, out_dir, WORLD, "fast-path")
 
 
-@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2", "qr-pool"])
+@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2", "qr-pool", "qr-fold"])
 @pytest.mark.parametrize("matrix_rank", RANKS)
 def test_fast_hook_gives_upstreams_gradients_at_every_exchange(two_ranks, matrix_rank, variant):
     for rank, res in enumerate(two_ranks):
         up, fast = res[matrix_rank]["upstream"], res[matrix_rank][variant]
         # QR: the same per-matrix Householder QR, batched; CholeskyQR2: the same Q up to
-        # column signs and FP32 rounding, which P Q^T does not see.
+        # column signs and FP32 rounding, which P Q^T does not see; fold: the same sums in
+        # another order (two micro-batches, the error added between them).
         tol = dict(rtol=1e-5, atol=1e-6) if variant != "cholesky-qr2" else dict(rtol=1e-4, atol=1e-5)
         for step, (g_up, g_fast) in enumerate(zip(up["grads"], fast["grads"])):
             torch.testing.assert_close(g_fast, g_up, **tol,
@@ -118,6 +131,18 @@ def test_fast_hook_gives_upstreams_gradients_at_every_exchange(two_ranks, matrix
     # the exchange really averaged, and really compressed (it differs from the rank's own mean)
     torch.testing.assert_close(two_ranks[0][matrix_rank][variant]["grads"][-1],
                                two_ranks[1][matrix_rank][variant]["grads"][-1])
+
+
+@pytest.mark.parametrize("matrix_rank", RANKS)
+def test_the_error_is_folded_into_the_gradients_between_micro_batches(two_ranks, matrix_rank):
+    """From the second compressed update on (the first one has no error yet, and makes the host
+    error the hook's buckets record), every bucket's error goes into its gradients between the
+    micro-batches; the gradients are upstream's (the test above)."""
+    fold = two_ranks[0][matrix_rank]["qr-fold"]
+    buckets = fold["host_buckets"][-1]
+    assert buckets > 1
+    assert fold["folded"][:WARMUP + 1] == [0] * (WARMUP + 1)
+    assert fold["folded"][WARMUP + 1:] == [buckets] * (EXCHANGES - WARMUP - 1)
 
 
 @pytest.mark.parametrize("matrix_rank", RANKS)
@@ -136,6 +161,33 @@ def test_fast_hook_keeps_the_error_on_the_host_in_several_buckets(two_ranks, mat
     assert fast["device_errors"] == [0] * EXCHANGES
     assert fast["host_buckets"][WARMUP - 1] == 0  # warm-up exchanges keep no error
     assert fast["host_buckets"][-1] > 1, "expected several DDP buckets"
+    # warm start: the last pass orthogonalised every bucket's Q in its first bucket's call
+    assert fast["q_at_first_bucket"] == list(range(fast["host_buckets"][-1]))
+
+
+def test_same_shaped_matrices_at_equal_distances_multiply_as_one_batch_without_a_copy():
+    from gradshare.train.powersgd import _as_batch, _product
+
+    buffer = torch.randn(200, dtype=torch.float64)
+    spaced = [buffer[s:s + 12].view(3, 4) for s in (10, 40, 70)]  # 30 apart: a 12-element matrix and a gap
+    batch = _as_batch(spaced, buffer)
+    assert batch is not None and batch.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    q = torch.randn(3, 4, 2, dtype=torch.float64)
+    p = torch.empty(3, 3, 2, dtype=torch.float64)
+    _product(spaced, batch, q, p)
+    for i, mat in enumerate(spaced):
+        torch.testing.assert_close(p[i], mat @ q[i])
+    back = torch.empty(3, 4, 2, dtype=torch.float64)
+    _product(spaced, batch, p, back, transpose=True)
+    for i, mat in enumerate(spaced):
+        torch.testing.assert_close(back[i], mat.t() @ p[i])
+    uneven = [buffer[s:s + 12].view(3, 4) for s in (10, 40, 80)]
+    assert _as_batch(uneven, buffer) is None
+    overlapping = [buffer[s:s + 12].view(3, 4) for s in (10, 16)]  # closer than a matrix: never a batch
+    assert _as_batch(overlapping, buffer) is None
+    _product(uneven, None, q, p)
+    for i, mat in enumerate(uneven):
+        torch.testing.assert_close(p[i], mat @ q[i])
 
 
 def test_fast_state_keeps_its_error_and_settings_when_saved():
