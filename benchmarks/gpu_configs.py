@@ -39,7 +39,7 @@ SMOKE = {"schedule.micro_batch_tokens": "2048", "hardware.cuda_graphs": "true", 
          "hardware.gradient_as_bucket_view": "true", "powersgd.hook": "fast", "powersgd.bucket_cap_mb": "1",
          "hardware.threads_per_process": "0"}
 NO_GRAPHS = {"hardware.cuda_graphs": "false"}
-PROFILED = {"single", "powersgd", "single-512", "powersgd-512"}
+PROFILED = {"single", "powersgd", "single-512", "powersgd-512", "powersgd-cholqr2", "powersgd-512-cholqr2"}
 
 # name -> (workload, arm, overrides on top of the full profile); ref-* are the plain loop.
 CONFIGS = {
@@ -63,6 +63,7 @@ CONFIGS = {
     "single-512": ("stand-in-512", "single", {}),
     "dense-512": ("stand-in-512", "dense", {}),
     "powersgd-512": ("stand-in-512", "powersgd", {}),
+    "powersgd-512-cholqr2": ("stand-in-512", "powersgd", {"powersgd.orthogonalization": "cholesky-qr2"}),
     "single-512-by-count": ("stand-in-512", "single", BY_COUNT),
     "ref-single-512": ("stand-in-512", "ref-single", {}),
     # the cap-and-reason path the worker uses, under a cap the arm cannot fit
@@ -88,7 +89,9 @@ def _peaks(device) -> dict:
     if device.type != "cuda":
         return {"allocated_gib": 0.0, "reserved_gib": 0.0}
     out = {"allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-           "reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+           "reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+           # the allocator freed its cache and tried again (a full synchronize each): memory at the cap
+           "alloc_retries": int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))}
     torch.cuda.reset_peak_memory_stats(device)
     return out
 
@@ -97,6 +100,21 @@ def _compiles() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["ok"])  # frames compiled so far (first compiles and recompiles)
+
+
+def write_streams(prof, path: Path) -> None:
+    """The profiled update's device work as intervals per CUDA stream (kernels and copies): what
+    `benchmarks/overlap_figure.py` draws, to show whether the error's copies run beside compute."""
+    rows = []
+    for e in prof.profiler.kineto_results.events():
+        if str(e.device_type()).endswith("CUDA") and e.duration_ns() > 0:
+            name = e.name()
+            kind = ("h2d" if "HtoD" in name else "d2h" if "DtoH" in name else
+                    "copy" if name.startswith("Memcpy") or name.startswith("Memset") else "kernel")
+            rows.append([e.device_resource_id(), kind, e.start_ns() // 1000, max(1, e.duration_ns() // 1000),
+                         name[:60]])
+    path.write_text(json.dumps({"unit": "us", "columns": ["stream", "kind", "start", "duration", "name"],
+                                "rows": rows}))
 
 
 class Profiled:
@@ -119,6 +137,8 @@ class Profiled:
             avg = self.prof.key_averages()
             self.out.write_text(avg.table(sort_by="device_time_total", row_limit=30))
             copies = [e for e in avg if e.key.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
+            write_streams(self.prof, self.out.with_name(self.out.name.replace("profile_", "streams_")
+                                                        .replace(".txt", ".json")))
             self.totals = {"host_self_s": sum(e.self_cpu_time_total for e in avg) / 1e6,
                            "device_self_s": sum(getattr(e, "self_device_time_total", 0) for e in avg) / 1e6,
                            "copy_device_s": sum(getattr(e, "device_time_total", 0) for e in copies) / 1e6}

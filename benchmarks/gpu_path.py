@@ -33,12 +33,13 @@ from gradshare.contract.tags import STEP  # noqa: E402
 # Essential first: every arm, the cap's reason, each lever off (graphs, packing), the reference;
 # then the stand-ins; then the variants measured and not taken (BENCHMARKS.md, 2026-12-04).
 ORDER = ("single", "dense", "powersgd", "single-cap-30", "single-no-graphs", "single-by-count", "ref-single",
-         "single-512", "dense-512", "powersgd-512", "single-512-by-count", "powersgd-cholqr2",
+         "single-512", "dense-512", "powersgd-512", "single-512-by-count", "powersgd-cholqr2", "powersgd-512-cholqr2",
          "powersgd-cholqr2-staging-2048", "powersgd-512-cholqr2-staging-2048", "single-4096", "single-512-4096",
          "powersgd-staging-2048", "ref-single-512", "powersgd-by-count", "ref-dense")
 DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-2048": "dense",
             "powersgd-by-count": "dense", "powersgd-4096": "dense", "powersgd-cholqr2": "dense",
-            "powersgd-cholqr2-staging-2048": "dense", "powersgd-512-cholqr2-staging-2048": "dense-512"}
+            "powersgd-cholqr2-staging-2048": "dense", "powersgd-512-cholqr2-staging-2048": "dense-512",
+            "powersgd-512-cholqr2": "dense-512"}
 
 
 def summarise(r: dict, updates: int) -> dict:
