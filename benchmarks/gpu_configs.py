@@ -117,6 +117,27 @@ def write_streams(prof, path: Path) -> None:
                                 "rows": rows}))
 
 
+def write_memory(path: Path) -> None:
+    """Where the device memory is at the end of the profiled update: the allocator's segments by
+    pool (the CUDA graphs' private pool apart from the rest), reserved and in use, and the largest
+    blocks in use outside the graphs' pool; what the staging of the error can be given."""
+    import torch
+
+    pools: dict[str, dict[str, float]] = {}
+    blocks = []
+    for seg in torch.cuda.memory_snapshot():
+        pool = "graphs" if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0) else "default"
+        p = pools.setdefault(pool, {"reserved_gib": 0.0, "active_gib": 0.0, "segments": 0})
+        p["reserved_gib"] += seg["total_size"] / 2**30
+        p["active_gib"] += seg.get("active_size", seg["allocated_size"]) / 2**30
+        p["segments"] += 1
+        if pool == "default":
+            blocks += [b["size"] for b in seg["blocks"] if b["state"] == "active_allocated"]
+    blocks.sort(reverse=True)
+    path.write_text(json.dumps({"pools": pools, "largest_active_default_mib": [round(b / 2**20, 1) for b in blocks[:40]],
+                                "active_default_blocks": len(blocks)}, indent=1))
+
+
 class Profiled:
     """Profiles exactly update `at` of a loop and keeps its table and host/device totals."""
 
@@ -139,6 +160,7 @@ class Profiled:
             copies = [e for e in avg if e.key.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
             write_streams(self.prof, self.out.with_name(self.out.name.replace("profile_", "streams_")
                                                         .replace(".txt", ".json")))
+            write_memory(self.out.with_name(self.out.name.replace("profile_", "memory_").replace(".txt", ".json")))
             self.totals = {"host_self_s": sum(e.self_cpu_time_total for e in avg) / 1e6,
                            "device_self_s": sum(getattr(e, "self_device_time_total", 0) for e in avg) / 1e6,
                            "copy_device_s": sum(getattr(e, "device_time_total", 0) for e in copies) / 1e6}
