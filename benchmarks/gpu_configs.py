@@ -158,9 +158,12 @@ class Profiled:
             avg = self.prof.key_averages()
             self.out.write_text(avg.table(sort_by="device_time_total", row_limit=30))
             copies = [e for e in avg if e.key.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
-            write_streams(self.prof, self.out.with_name(self.out.name.replace("profile_", "streams_")
-                                                        .replace(".txt", ".json")))
-            write_memory(self.out.with_name(self.out.name.replace("profile_", "memory_").replace(".txt", ".json")))
+            for write, name in ((lambda p: write_streams(self.prof, p), "streams_"), (write_memory, "memory_")):
+                path = self.out.with_name(self.out.name.replace("profile_", name).replace(".txt", ".json"))
+                try:  # a figure's side file never costs the configuration its figures
+                    write(path)
+                except Exception as exc:
+                    path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
             self.totals = {"host_self_s": sum(e.self_cpu_time_total for e in avg) / 1e6,
                            "device_self_s": sum(getattr(e, "self_device_time_total", 0) for e in avg) / 1e6,
                            "copy_device_s": sum(getattr(e, "device_time_total", 0) for e in copies) / 1e6}
