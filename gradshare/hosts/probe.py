@@ -12,8 +12,9 @@ with the link's figures. What is measured:
   then PowerSGD's P and Q), each round timed; the first and the last `window_s` apart, so that a
   burst allowance that runs out shows (AWS's "up to" bandwidth); and its capacity with the
   setting's flows: dense's bytes in as many equal all-reduces at once;
-- **the host link** (GPUs only): pinned copies of the FP32 error's bucket sizes, host to device,
-  device to host and both at once (two streams);
+- **the host link** (GPUs only): pinned copies of the whole FP32 error in the arm's pieces (a
+  bucket, at most half of `powersgd.staging_mb`), host to device, device to host and both at once
+  (two streams);
 - **one rank's share of an update** (`compute_share`): the plan's model trained on rank 0 alone with
   an update's documents, as `single` runs, then on every rank at once with a rank's documents, as a
   two-process arm runs; the ratio of the two (CPU ranks: on emulated hosts they share one machine's
@@ -53,6 +54,8 @@ class Probe:
     max_device_gib: float = 0.0
     error_buckets: list[int] = field(default_factory=list)
     """Bytes of the FP32 error's per-bucket copies (GPU runs)."""
+    staging_bytes: int = 0
+    """Device memory the error's copies may hold (`powersgd.staging_mb`); 0: a bucket each way."""
     outbox: str = ""
     label: str = ""
     """The socket setting this launch runs with, as the step names it."""
@@ -168,24 +171,28 @@ def clock_offset_s(rank: int, world: int) -> list[float]:
 
 
 def host_link(p: Probe) -> dict:
-    """Pinned host <-> device copies of the error's bucket sizes, GB/s; empty on a CPU."""
+    """Pinned host <-> device copies of the whole FP32 error, GB/s, as the arm moves it: in pieces
+    of a bucket, at most half the staging each (two in flight: one landing while the other is
+    used), host to device, device to host, and both at once (two streams); empty on a CPU."""
     if p.device == "cpu" or not p.error_buckets:
         return {}
     import torch
 
     dev = torch.device("cuda", torch_local_rank())
     size = max(p.error_buckets)
+    if p.staging_bytes:
+        size = max(4, min(size, p.staging_bytes // 2))
     n = size // 4
     host = [torch.empty(n, pin_memory=True).fill_(1.0) for _ in range(2)]
     gpu = [torch.empty(n, device=dev).fill_(2.0) for _ in range(2)]
     streams = [torch.cuda.Stream(dev) for _ in range(2)]
-    total = sum(p.error_buckets)
+    reps = max(1, -(-sum(p.error_buckets) // size))  # the whole error, each way
 
     def timed(copy) -> float:
         copy()
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        for _ in range(max(1, total // size)):
+        for _ in range(reps):
             copy()
         torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
@@ -196,10 +203,10 @@ def host_link(p: Probe) -> dict:
         with torch.cuda.stream(streams[1]):
             host[1].copy_(gpu[1], non_blocking=True)
 
-    reps = max(1, total // size)
     return {"h2d_GBps": reps * size / timed(lambda: gpu[0].copy_(host[0], non_blocking=True)) / 1e9,
             "d2h_GBps": reps * size / timed(lambda: host[1].copy_(gpu[1], non_blocking=True)) / 1e9,
-            "both_GBps": 2 * reps * size / timed(both) / 1e9, "bucket_bytes": size}
+            "both_GBps": 2 * reps * size / timed(both) / 1e9, "bucket_bytes": size,
+            "staging_bytes": p.staging_bytes}
 
 
 def compute_share(p: Probe, rank: int, world: int) -> dict:

@@ -120,7 +120,8 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
             probe_mod.write_probe(work, probe_mod.Probe(
                 dense_buckets=dense, powersgd_buffers=psgd, sustain_s=plan.preflight.sustain_s,
                 window_s=plan.preflight.window_s, device=plan.hardware.device,
-                max_device_gib=plan.hardware.max_device_gib, error_buckets=dense, outbox=str(outbox.root()),
+                max_device_gib=plan.hardware.max_device_gib, error_buckets=dense,
+                staging_bytes=plan.powersgd.staging_mb * 2**20, outbox=str(outbox.root()),
                 label=setting, flows=t * s, **(compute_probe(plan, shapes) if k == 0 else {})))  # the share: once
             env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **sockets.env_for(setting, kind, ifname))
             log(f"[gradshare] preflight: sockets {setting} ({kind}{', ' + ifname if ifname else ''}): "
