@@ -155,6 +155,8 @@ class Profiled:
             self.prof.__enter__()
         elif u == self.at and self.prof is not None:
             self.prof.__exit__(None, None, None)
+            from gradshare.train.powersgd import COMPRESSION
+
             avg = self.prof.key_averages()
             self.out.write_text(avg.table(sort_by="device_time_total", row_limit=30))
             copies = [e for e in avg if e.key.startswith(("Memcpy HtoD", "Memcpy DtoH"))]
@@ -166,7 +168,13 @@ class Profiled:
                     path.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
             self.totals = {"host_self_s": sum(e.self_cpu_time_total for e in avg) / 1e6,
                            "device_self_s": sum(getattr(e, "self_device_time_total", 0) for e in avg) / 1e6,
-                           "copy_device_s": sum(getattr(e, "device_time_total", 0) for e in copies) / 1e6}
+                           "copy_device_s": sum(getattr(e, "device_time_total", 0) for e in copies) / 1e6,
+                           # the fast hook's compression (its record_function), kernels included, and
+                           # the orthogonalisation calls: how many launches batching saved
+                           "compression_device_s": sum(getattr(e, "device_time_total", 0) for e in avg
+                                                       if e.key == COMPRESSION) / 1e6,
+                           "orthogonalisation_calls": sum(e.count for e in avg if e.key in (
+                               "aten::linalg_qr", "aten::linalg_cholesky_ex"))}
             self.prof = None
 
 

@@ -29,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 ERROR_FEEDBACK_MODES = ("fp32-host", "device", "none")
 HOOKS = ("upstream", "fast")
 ORTHOGONALIZATIONS = ("qr", "cholesky-qr2")
+COMPRESSION = "powersgd: compression"  # the profiler's name for one bucket's compression
 
 
 class HostErrorPowerSGDState(PowerSGDState):
@@ -379,57 +380,9 @@ def _orthogonalize_every_q(state, method: str, epsilon: float) -> None:
     state.q_done = set(state.q_layout)
 
 
-def _gradients_are_views(bucket: dist.GradBucket) -> bool:
-    """Whether every parameter's gradient is its slice of the bucket's buffer
-    (`gradient_as_bucket_view`), so that adding into the buffer adds into the gradients."""
-    params, views = bucket.parameters(), bucket.gradients()
-    return len(params) == len(views) and all(
-        p.grad is not None and p.grad.data_ptr() == v.data_ptr() and p.grad.numel() == v.numel()
-        for p, v in zip(params, views))
-
-
-def fast_host_error_powerSGD_hook(
-    state: FastHostErrorPowerSGDState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """Upstream `powerSGD_hook`'s function (same P/Q layout, RNG, warm start, error feedback, `iter`),
-    issued in one pass per bucket instead of a chain of callbacks, with:
-      - orthogonalisation of all same-shaped P (or Q) of the bucket in one batched call;
-      - P = M Q, Q = M^T P and M = P Q^T per matrix into upstream's P/Q memory, no stacked copies;
-      - no device-wide synchronize (upstream synchronizes the GPU in every bucket's callback);
-      - the FP32 error in pinned host memory, staged up and down on side streams.
-    The collectives are issued from the hook call itself, in bucket order on every rank, so
-    gloo cannot reorder them across buckets.
-    """
-    buffer = bucket.buffer()
-    index = bucket.index()
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
-    world = group.size()
-    if state.iter < state.start_powerSGD_iter:
-        state.maybe_increase_iter(bucket)
-        return _finish_on_cpu(bucket, default_hooks._allreduce_fut(group, buffer))
-
-    cuda = buffer.is_cuda
-    host = state.host_error.get(index)
-    if cuda and state._copies is None:
-        state._copies = _ErrorCopies(buffer.device, state.staging_bytes)
-    copies = state._copies if cuda else None
-    if index not in state.bucket_buffers and _gradients_are_views(bucket):
-        state.bucket_buffers[index] = buffer
-    # `work` holds the bucket plus its error, then the new error (upstream's input_tensor_cp).
-    if host is None or index in state.folded:
-        work = buffer.clone()  # the first compressed pass (a zero error), or the error folded in already
-    else:
-        check_error_size(index, host, buffer)
-        if copies is not None:
-            copies.fetch(index, host, buffer.dtype, buffer.device)  # at once, unless fetched early
-            work = copies.take(index).to(buffer.dtype)  # fetched early in the host's FP32
-        else:
-            work = host.to(dtype=buffer.dtype)  # the CPU: host error is the working copy
-        buffer.add_(work)
-        work.copy_(buffer)
-    if copies is not None and not bucket.is_last():  # the next buckets' errors travel up while this one is compressed
-        copies.top_up(state.host_error, index + 1, buffer.device, skip=state.folded)
-
+def _compress(state, bucket: dist.GradBucket, index: int, buffer: torch.Tensor, group, world: int) -> None:
+    """Upstream's compression of one bucket (error added already), in place: the bucket holds the
+    decompressed average afterwards."""
     # Upstream's split and order: compressed matrices grouped by shape in first-seen order.
     groups: dict[torch.Size, list[torch.Tensor]] = {}
     uncompressed = []
@@ -504,6 +457,61 @@ def fast_host_error_powerSGD_hook(
         else:
             for i, mat in enumerate(mats):
                 torch.mm(p[i], q[i].t(), out=mat)
+
+
+def _gradients_are_views(bucket: dist.GradBucket) -> bool:
+    """Whether every parameter's gradient is its slice of the bucket's buffer
+    (`gradient_as_bucket_view`), so that adding into the buffer adds into the gradients."""
+    params, views = bucket.parameters(), bucket.gradients()
+    return len(params) == len(views) and all(
+        p.grad is not None and p.grad.data_ptr() == v.data_ptr() and p.grad.numel() == v.numel()
+        for p, v in zip(params, views))
+
+
+def fast_host_error_powerSGD_hook(
+    state: FastHostErrorPowerSGDState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Upstream `powerSGD_hook`'s function (same P/Q layout, RNG, warm start, error feedback, `iter`),
+    issued in one pass per bucket instead of a chain of callbacks, with:
+      - orthogonalisation of all same-shaped P (or Q) of the bucket in one batched call;
+      - P = M Q, Q = M^T P and M = P Q^T per matrix into upstream's P/Q memory, no stacked copies;
+      - no device-wide synchronize (upstream synchronizes the GPU in every bucket's callback);
+      - the FP32 error in pinned host memory, staged up and down on side streams.
+    The collectives are issued from the hook call itself, in bucket order on every rank, so
+    gloo cannot reorder them across buckets.
+    """
+    buffer = bucket.buffer()
+    index = bucket.index()
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = group.size()
+    if state.iter < state.start_powerSGD_iter:
+        state.maybe_increase_iter(bucket)
+        return _finish_on_cpu(bucket, default_hooks._allreduce_fut(group, buffer))
+
+    cuda = buffer.is_cuda
+    host = state.host_error.get(index)
+    if cuda and state._copies is None:
+        state._copies = _ErrorCopies(buffer.device, state.staging_bytes)
+    copies = state._copies if cuda else None
+    if index not in state.bucket_buffers and _gradients_are_views(bucket):
+        state.bucket_buffers[index] = buffer
+    # `work` holds the bucket plus its error, then the new error (upstream's input_tensor_cp).
+    if host is None or index in state.folded:
+        work = buffer.clone()  # the first compressed pass (a zero error), or the error folded in already
+    else:
+        check_error_size(index, host, buffer)
+        if copies is not None:
+            copies.fetch(index, host, buffer.dtype, buffer.device)  # at once, unless fetched early
+            work = copies.take(index).to(buffer.dtype)  # fetched early in the host's FP32
+        else:
+            work = host.to(dtype=buffer.dtype)  # the CPU: host error is the working copy
+        buffer.add_(work)
+        work.copy_(buffer)
+    if copies is not None and not bucket.is_last():  # the next buckets' errors travel up while this one is compressed
+        copies.top_up(state.host_error, index + 1, buffer.device, skip=state.folded)
+
+    with torch.profiler.record_function(COMPRESSION):  # its own row in a profile (gpu_path's compression time)
+        _compress(state, bucket, index, buffer, group, world)
 
     work.sub_(buffer)  # the new error: bucket plus old error, minus what was communicated
     if host is None or host.shape != work.shape:
