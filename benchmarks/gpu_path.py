@@ -138,7 +138,9 @@ def table_rows(data: dict) -> list[dict]:
         s = r.get("summary") or {}
         row = {"config": r["config"], "workload": gpu_configs.CONFIGS.get(r["config"], ("?",))[0], **s,
                "failure_reason": r.get("failure_reason") or r.get("error") or r.get("skipped"),
-               "graphs": r.get("graphs"), "peaks": [round(x["reserved_gib"], 1) for x in r.get("rows") or []]}
+               "graphs": r.get("graphs"), "peaks": [round(x["reserved_gib"], 1) for x in r.get("rows") or []],
+               "profile": r.get("profile") or {},
+               "alloc_retries": max((x.get("alloc_retries", 0) for x in r.get("rows") or []), default=0)}
         if s and rate:
             row["mfu"] = flops_per_token(r["params"]) * s["tokens_per_s"] / 1e12 / rate
         dense = res.get(DENSE_OF.get(r["config"], ""), {}).get("summary")
@@ -204,6 +206,12 @@ def markdown(data: dict) -> str:
                 notes.append(f"{g['captured']}/{g['shapes']} shapes captured" + (f" ({g['failed']})" if g.get("failed") else ""))
             if r.get("prefetched_gb"):
                 notes.append(f"{r['prefetched_gb']:.2f} GB of error fetched during the micro-batches per update")
+            prof = r["profile"]
+            if prof.get("compression_device_s"):
+                notes.append(f"compression {prof['compression_device_s'] * 1e3:.0f} ms of GPU time in the profiled update, "
+                             f"{prof.get('orthogonalisation_calls', '-')} orthogonalisation calls")
+            if r["alloc_retries"]:
+                notes.append(f"the allocator freed its cache and retried {r['alloc_retries']} times")
             if "step_s" not in r:
                 out.append(f"| {r['config']} | - | - | - | - | - | - | - | {'; '.join(notes)} |\n")
                 continue
