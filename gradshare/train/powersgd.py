@@ -145,6 +145,7 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
         # Buckets whose buffer is their parameters' gradients (`fold_errors` adds into them), and
         # the buckets of this update whose error is in their gradients already
         self.bucket_buffers: dict[int, torch.Tensor] = {}
+        self.bucket_params: dict[int, list[tuple[torch.nn.Parameter, int]]] = {}
         self.folded: set[int] = set()
         self._host_pool = (torch.zeros(host_error_numel, dtype=torch.float32,
                                        pin_memory=torch.cuda.is_available()) if host_error_numel else None)
@@ -170,7 +171,7 @@ class FastHostErrorPowerSGDState(HostErrorPowerSGDState):
         self._copies = None
         self._host_pool, self._pool_at = None, 0  # a restored state brings its error with it
         self.q_layout, self.q_orthogonalized_at, self.q_done = {}, -1, set()  # relearnt in the next pass
-        self.bucket_buffers, self.folded = {}, set()
+        self.bucket_buffers, self.bucket_params, self.folded = {}, {}, set()
 
 
 class _ErrorCopies:
@@ -223,12 +224,24 @@ class _ErrorCopies:
             host = host_error[index]
             if index not in self.prefetched and index not in skip:
                 size = host.numel() * host.element_size()
+                if size > self.staging_bytes:  # never fits (say the embedding's bucket): its hook fetches it
+                    index += 1
+                    continue
                 if self._held() + size > self.staging_bytes:
                     return
                 self.fetch(index, host, host.dtype, device)
                 if early:
                     self.fetched_early += size
             index += 1
+
+    def hold_until_used(self, dev: torch.Tensor) -> None:
+        """A fetched error that the compute stream reads later than now (`fold_errors`' add): it
+        counts against the staging budget until that read has run, since the CPU runs ahead of
+        the GPU (a whole micro-batch is one graph launch) and would otherwise fetch the next
+        buckets into memory still in use."""
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(dev.device))
+        self.in_flight.append((ev, dev.numel() * dev.element_size()))
 
     def take(self, index: int) -> torch.Tensor:
         dev, ev = self.prefetched.pop(index)
@@ -273,8 +286,9 @@ def fold_errors(state) -> int:
     that have arrived into their buckets' gradients, then send the next buckets' errors up, to
     arrive during the next micro-batch. Returns the bytes sent up.
 
-    Upstream adds a bucket's error to its gradient in the hook, after every micro-batch; here it
-    is added between micro-batches, into the gradients the later micro-batches accumulate into:
+    Upstream adds a bucket's error to its gradient in the hook, after every micro-batch; here each
+    error sent up during the last micro-batch is added between micro-batches (the compute stream
+    waits for its copy, on the device), into the gradients the later micro-batches accumulate into:
     the same sum in another order (FP32 rounding apart), and the staging memory of a folded
     bucket is free again for the next ones, so that the error's trip up runs beside the
     micro-batches instead of in the exchange. Only where the gradients are views of DDP's buckets
@@ -286,13 +300,15 @@ def fold_errors(state) -> int:
     buffers, copies = state.bucket_buffers, state._copies
     if copies is None:
         for index, host in state.host_error.items():
-            if index in buffers and index not in state.folded:
+            if index in buffers and index not in state.folded and _still_views(state, index):
                 buffers[index].add_(host.to(buffers[index].dtype))
                 state.folded.add(index)
         return 0
-    for index in sorted(copies.prefetched):  # went up during the micro-batch just run
-        if index in buffers and index not in state.folded:
-            buffers[index].add_(copies.take(index))  # waits for its copy on the device, not the host
+    for index in sorted(copies.prefetched):  # sent up during the micro-batch just run
+        if index in buffers and index not in state.folded and _still_views(state, index):
+            dev = copies.take(index)  # the compute stream waits for its copy on the device, not the host
+            buffers[index].add_(dev)
+            copies.hold_until_used(dev)
             state.folded.add(index)
     copies.fetched_early = 0
     copies.top_up(state.host_error, 0, copies.device, early=True, skip=state.folded)
@@ -335,8 +351,9 @@ def _as_batch(mats: list[torch.Tensor], buffer: torch.Tensor) -> torch.Tensor | 
     """Same-shaped matrices of one bucket as one (b, n, m) view of the bucket, without a copy,
     where they lie at equal distances in it (say an MLP's gate and up projections, side by side);
     None where they do not (each is then multiplied on its own)."""
-    if len(mats) < 2:
-        return None
+    if len(mats) < 2 or not all(m.is_contiguous() and m.untyped_storage().data_ptr()
+                                == buffer.untyped_storage().data_ptr() for m in mats):
+        return None  # a matrix stored column by column, or outside the bucket: no row-major batch
     starts = [m.storage_offset() for m in mats]
     step = starts[1] - starts[0]
     n, m = mats[0].shape
@@ -359,7 +376,9 @@ def _orthogonalize_every_q(state, method: str, epsilon: float) -> None:
     """Warm start: every bucket's Q (kept from the last compressed pass) orthogonalised at the
     pass's first bucket, one batched call per shape across all buckets instead of one per shape
     and bucket. Each matrix is orthogonalised on its own either way (a batched QR or CholeskyQR2
-    treats the matrices of a batch independently): only the number of calls changes."""
+    treats the matrices of a batch independently), so the result is the same up to FP32 rounding:
+    exactly on a CPU (LAPACK, one matrix at a time); on a GPU a batch of another size may take
+    another kernel for the products. Only the number of calls changes."""
     by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
     for index, shapes in state.q_layout.items():
         q_mem = state.q_memory_dict.get(index)
@@ -459,6 +478,17 @@ def _compress(state, bucket: dist.GradBucket, index: int, buffer: torch.Tensor, 
                 torch.mm(p[i], q[i].t(), out=mat)
 
 
+def _still_views(state, index: int) -> bool:
+    """Whether the bucket's parameters still accumulate into its buffer: gradients set to None
+    since (`zero_grad(set_to_none=True)`) accumulate into fresh tensors, which the reducer copies
+    over the buffer at the exchange; an error folded into the buffer would be lost. Such a
+    bucket is dropped, and its hook adds the error as upstream does."""
+    if all(p.grad is not None and p.grad.data_ptr() == ptr for p, ptr in state.bucket_params[index]):
+        return True
+    del state.bucket_buffers[index], state.bucket_params[index]
+    return False
+
+
 def _gradients_are_views(bucket: dist.GradBucket) -> bool:
     """Whether every parameter's gradient is its slice of the bucket's buffer
     (`gradient_as_bucket_view`), so that adding into the buffer adds into the gradients."""
@@ -495,6 +525,7 @@ def fast_host_error_powerSGD_hook(
     copies = state._copies if cuda else None
     if index not in state.bucket_buffers and _gradients_are_views(bucket):
         state.bucket_buffers[index] = buffer
+        state.bucket_params[index] = list(zip(bucket.parameters(), (g.data_ptr() for g in bucket.gradients())))
     # `work` holds the bucket plus its error, then the new error (upstream's input_tensor_cp).
     if host is None or index in state.folded:
         work = buffer.clone()  # the first compressed pass (a zero error), or the error folded in already

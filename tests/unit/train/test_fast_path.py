@@ -33,7 +33,7 @@ SEED = 4321
 WARMUP = 3
 EXCHANGES = 9
 WIDTH = 160  # (160, 160) compresses at ranks 8 and 32; several of them share a bucket
-VARIANTS = ("upstream", "qr", "cholesky-qr2", "qr-pool", "qr-fold")
+VARIANTS = ("upstream", "qr", "cholesky-qr2", "qr-pool", "qr-fold", "qr-fold-none")
 RANKS = (8, 32)
 
 
@@ -59,7 +59,10 @@ def _upstream_in_order(state, bucket):
 
 def _run(variant: str, matrix_rank: int) -> dict:
     model = _model()
-    fold = variant == "qr-fold"  # two micro-batches, the error folded into the gradients between them
+    # two micro-batches, the error folded into the gradients between them; -none: the gradients set
+    # to None between updates, so that the micro-batches accumulate outside the buckets
+    fold = variant.startswith("qr-fold")
+    none = variant == "qr-fold-none"
     ddp = DDP(model, bucket_cap_mb=0.25, gradient_as_bucket_view=fold)
     if variant == "upstream":
         state = PowerSGDState(None, matrix_approximation_rank=matrix_rank, start_powerSGD_iter=WARMUP,
@@ -68,14 +71,14 @@ def _run(variant: str, matrix_rank: int) -> dict:
     else:
         pool = sum(p.numel() for p in model.parameters()) if variant == "qr-pool" else 0
         state = make_powersgd_state(None, matrix_rank, WARMUP, True, "fp32-host", 2.0, SEED,
-                                    hook="fast", orthogonalization=variant.removesuffix("-pool").removesuffix("-fold"),
+                                    hook="fast", orthogonalization=variant.split("-")[0] if fold else variant.removesuffix("-pool"),
                                     host_error_numel=pool)
         ddp.register_comm_hook(state, hook_for("fp32-host", "fast"))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     grads, device_errors, host_buckets, folded = [], [], [], []
     for step in range(EXCHANGES):
         x, y = _batch(dist.get_rank(), step)
-        opt.zero_grad(set_to_none=not fold)  # bucket views stay
+        opt.zero_grad(set_to_none=none or not fold)  # bucket views stay, unless -none
         if fold:
             prefetch_errors(state)
             half = len(x) // 2  # two halves of the mean: the same loss as one pass
@@ -114,7 +117,7 @@ def two_ranks(tmp_path_factory):
     return run_two_ranks(_worker, out_dir, WORLD, "fast-path")
 
 
-@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2", "qr-pool", "qr-fold"])
+@pytest.mark.parametrize("variant", ["qr", "cholesky-qr2", "qr-pool", "qr-fold", "qr-fold-none"])
 @pytest.mark.parametrize("matrix_rank", RANKS)
 def test_fast_hook_gives_upstreams_gradients_at_every_exchange(two_ranks, matrix_rank, variant):
     for rank, res in enumerate(two_ranks):
@@ -143,6 +146,9 @@ def test_the_error_is_folded_into_the_gradients_between_micro_batches(two_ranks,
     assert buckets > 1
     assert fold["folded"][:WARMUP + 1] == [0] * (WARMUP + 1)
     assert fold["folded"][WARMUP + 1:] == [buckets] * (EXCHANGES - WARMUP - 1)
+    # gradients set to None accumulate outside the buckets: nothing is folded (the hook adds the
+    # error, and the gradients are still upstream's, the test above)
+    assert two_ranks[0][matrix_rank]["qr-fold-none"]["folded"] == [0] * EXCHANGES
 
 
 @pytest.mark.parametrize("matrix_rank", RANKS)
@@ -185,6 +191,10 @@ def test_same_shaped_matrices_at_equal_distances_multiply_as_one_batch_without_a
     assert _as_batch(uneven, buffer) is None
     overlapping = [buffer[s:s + 12].view(3, 4) for s in (10, 16)]  # closer than a matrix: never a batch
     assert _as_batch(overlapping, buffer) is None
+    by_columns = [buffer[s:s + 12].view(4, 3).t() for s in (10, 40)]  # stored column by column
+    assert _as_batch(by_columns, buffer) is None
+    elsewhere = [buffer[10:22].view(3, 4), torch.randn(3, 4, dtype=torch.float64)]
+    assert _as_batch(elsewhere, buffer) is None
     _product(uneven, None, q, p)
     for i, mat in enumerate(uneven):
         torch.testing.assert_close(p[i], mat @ q[i])
