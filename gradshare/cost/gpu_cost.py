@@ -4,18 +4,27 @@
             + b x micro-batches          each micro-batch's gradient added into the gradients: memory-bound
             + c                          clip, AdamW, zeroing, over every parameter: memory-bound
             + x(arm)                     dense: the exchange pass's additions and DDP's bucket work, memory-bound;
-                                         powersgd: x(dense) + compression (memory-bound) + the FP32 host
-                                         error's copies up and down, 2 x error bytes / the pinned
-                                         copy rate both ways at once, bound by the host link
+                                         powersgd: x(dense) + compression + the FP32 host error's exposed copies
+
+PowerSGD's parts, per compressed update of one rank:
+
+    compression     the profiled compression's GPU time at the calibration's rank, plus a slope per unit
+                    of rank where two ranks were measured (`compress_s_per_rank`); memory-bound
+    copies          2 x error bytes / the pinned rate both ways at once: the error up and down
+    covered         the compute the copies run beside: the micro-batches' (a + b parts), as far as the
+                    staging lets the error up during them (one staging's worth per micro-batch, at
+                    half the both-ways rate: one direction), plus the compression, which the last
+                    copies down run beside; only for a calibration measured on the hook that folds
+                    (`copy_overlap`), else none
+    exposed         max(0, copies - covered): the part that adds to the update
 
 The parts are measured on one GPU (`Calibration`, from `benchmarks/calibrate_projection.py`
 over a `benchmarks/gpu_path.py` result file): b and c from the profiled update's memory-bound
-kernels, a and the arms' extras from one workload's medians; the other workload checks them.
-Then each part is scaled to another GPU by the rate it is bound by (`scaled_to`): the matrix
-part by bf16 matrix rates, the memory-bound parts by memory bandwidths, the copies by the host
-link's pinned rate. Where a copy of the error could hide behind compute it is not counted as
-hidden: the exchange runs after the micro-batches, and what the micro-batches overlap (the
-staging budget's worth, ~0.4 GB of 6.9) is inside the measured extra already.
+kernels, the compression from the profiled PowerSGD update's own range, a and dense's extra
+from one workload's medians; every arm is then predicted on both workloads (the checks).
+Each part is scaled to another GPU by the rate it is bound by (`scaled_to`): the matrix part by
+bf16 matrix rates, the memory-bound parts by memory bandwidths, the copies by the host link's
+pinned rate.
 """
 from __future__ import annotations
 
@@ -49,32 +58,57 @@ class Calibration:
     s_fixed: float
     dense_extra_s: float
     compress_s: float
-    """powersgd's own seconds beyond dense and beyond the error's copies."""
+    """PowerSGD's compression at `compress_rank`: the profiled update's GPU time for it."""
     error_bytes: float
     """The FP32 host error: 4 bytes per parameter, up and down every compressed update."""
     source: str
     checks: dict
-    """Predicted against measured on the workload the parts were not fitted on."""
+    """Predicted against measured, every arm on both workloads."""
+    copy_overlap: str = "none"
+    """How the measured hook moved the error: `fold` (gradshare's fast hook since 14b0c15: up during the
+    micro-batches, one staging's worth each, folded into the gradients) or `none` (each bucket's
+    error in its own call, in the exchange: no copy is counted as covered)."""
+    compress_rank: int = 32
+    compress_s_per_rank: float = 0.0
+    """Compression's seconds per unit of rank, where two ranks were measured; 0: one rank only."""
 
     def copies_s(self) -> float:
+        """The error up and down, both directions at once."""
         return 2 * self.error_bytes / (self.gpu.pinned_both_gbps * GB)
 
-    def parts(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None) -> dict[str, float]:
+    def compression_s(self, rank: int) -> float:
+        return max(0.0, self.compress_s + self.compress_s_per_rank * (rank - self.compress_rank))
+
+    def copies(self, arm, padded_tokens: float, micro_batches: float, staging_bytes: float) -> dict[str, float]:
+        """A compressed update's copies of the error: their seconds, the compute that covers them
+        and what is left exposed (the module's docstring)."""
+        copies = self.copies_s()
+        if self.copy_overlap != "fold":  # measured on a hook that hides nothing: the copies count whole
+            return {"copies_s": copies, "covered_s": 0.0, "exposed_s": copies}
+        compute = self.s_per_padded_token * padded_tokens + self.s_per_micro_batch * micro_batches
+        one_way = self.gpu.pinned_both_gbps * GB / 2
+        during = min(self.error_bytes, staging_bytes * micro_batches) / one_way
+        covered = min(compute, during) + self.compression_s(arm.rank)
+        return {"copies_s": copies, "covered_s": covered, "exposed_s": max(0.0, copies - covered)}
+
+    def parts(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None,
+              staging_bytes: float = 0.0) -> dict[str, float]:
         """One rank's update of `arm` (`Plan.arm(name)`), in parts (seconds): a compressed update
         of a PowerSGD arm, or where `update` is given, that update (its warm-up a plain all-reduce).
-        The compression's seconds are the calibration's, measured at the study's rank (32), for
-        every rank."""
+        `staging_bytes`: the device memory the error's copies may hold (`powersgd.staging_mb`);
+        0: none of them run beside the micro-batches."""
         out = {"matrix": self.s_per_padded_token * padded_tokens, "micro_batches": self.s_per_micro_batch * micro_batches,
                "fixed": self.s_fixed}
         if arm.is_ddp:
             out["dense_extra"] = self.dense_extra_s
         if arm.has_powersgd and (update is None or arm.compresses(update)):
-            out["compress"] = self.compress_s
-            out["error_copies"] = self.copies_s()
+            out["compress"] = self.compression_s(arm.rank)
+            out["error_copies_exposed"] = self.copies(arm, padded_tokens, micro_batches, staging_bytes)["exposed_s"]
         return out
 
-    def seconds(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None) -> float:
-        return sum(self.parts(arm, padded_tokens, micro_batches, update).values())
+    def seconds(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None,
+                staging_bytes: float = 0.0) -> float:
+        return sum(self.parts(arm, padded_tokens, micro_batches, update, staging_bytes).values())
 
     def scaled_to(self, target: GpuRates) -> "Calibration":
         """The same parts on `target`: each scaled by the rate it is bound by."""
@@ -83,6 +117,7 @@ class Calibration:
         return replace(self, gpu=target, s_per_padded_token=self.s_per_padded_token * matrix,
                        s_per_micro_batch=self.s_per_micro_batch * memory, s_fixed=self.s_fixed * memory,
                        dense_extra_s=self.dense_extra_s * memory, compress_s=self.compress_s * memory,
+                       compress_s_per_rank=self.compress_s_per_rank * memory,
                        source=f"{self.source}; scaled to {target.name}: matrix x {matrix:.2f}, memory-bound x "
                               f"{memory:.2f}, error copies at {target.pinned_both_gbps:g} GB/s both ways")
 

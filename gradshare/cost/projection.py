@@ -57,16 +57,27 @@ DEFAULT_HOSTS = ML.DEFAULT_HOSTS
 PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 
 
+def staging_bytes(plan) -> float:
+    """The device memory PowerSGD's error copies may hold: the fast hook's staging, which lets the
+    error up during the micro-batches; upstream's hook copies each bucket's error in its call."""
+    return plan.powersgd.staging_mb * 2**20 if plan.powersgd.hook == "fast" else 0.0
+
+
 class Hosts:
     """The study's hosts under one plan, workload and calibration."""
 
-    def __init__(self, plan, record: dict, calibration: gpu_cost.Calibration, workload_source: str):
+    def __init__(self, plan, record: dict, calibration: gpu_cost.Calibration, workload_source: str,
+                 host_link_source: str = ""):
         self.plan = plan
+        self.host_link_source = host_link_source or (
+            f"declared: infra.host_pinned_both_gbps {plan.infra.host_pinned_both_gbps:g} GB/s both ways, "
+            f"until a preflight measures it")
         self.record = record
         self.measured = calibration
         self.cost = calibration.scaled_to(gpu_cost.declared_gpu(plan))
         self.workload_source = workload_source
         self.exchange = exchange_bytes(plan, parameter_shapes(plan))
+        self.staging = staging_bytes(plan)
         self.dense_bytes, self.compressed_bytes = self.exchange.dense, self.exchange.compressed
 
     def logical_bytes(self, arm: str, update: int) -> float:
@@ -77,7 +88,7 @@ class Hosts:
         kind = self.plan.arm(arm)
         if not kind.is_ddp:
             return cost.seconds(kind, row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
-        t = cost.seconds(kind, row["w2"]["padded_tokens"], row["w2"]["micro_batches"], update)
+        t = cost.seconds(kind, row["w2"]["padded_tokens"], row["w2"]["micro_batches"], update, self.staging)
         link = 0.0 if math.isinf(rate_mbit) else wire_bytes_per_rank(self.logical_bytes(arm, update), world) * 8 / (rate_mbit * 1e6)
         return t + link
 
@@ -184,18 +195,21 @@ def provenance(h: Hosts) -> list[str]:
 
 
 def compute(plan, record: dict, workload_source: str, calibration: gpu_cost.Calibration | None = None,
-            hosts=DEFAULT_HOSTS) -> dict:
+            hosts=DEFAULT_HOSTS, host_link_source: str = "") -> dict:
     """Everything `gradshare project` prints and the report shows, as plain JSON."""
-    h = Hosts(plan, record, calibration or gpu_cost.load(), workload_source)
+    h = Hosts(plan, record, calibration or gpu_cost.load(), workload_source, host_link_source)
     m = record["median"]
-    per_update = {a.name: h.cost.parts(a, *((m["w2_padded_tokens"], m["w2_micro_batches"]) if a.is_ddp
-                                            else (m["w1_padded_tokens"], m["w1_micro_batches"])))
-                  for a in plan.arm_list()}
+    shape = {a.name: (m["w2_padded_tokens"], m["w2_micro_batches"]) if a.is_ddp
+             else (m["w1_padded_tokens"], m["w1_micro_batches"]) for a in plan.arm_list()}
+    per_update = {a.name: h.cost.parts(a, *shape[a.name], staging_bytes=h.staging) for a in plan.arm_list()}
+    copies = {a.name: h.cost.copies(a, *shape[a.name], h.staging) | {"host_link_gbps": h.cost.gpu.pinned_both_gbps}
+              for a in plan.arm_list() if a.has_powersgd}
     curves = [{"arm": a.name, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a.name, w, g * 1e3),
                "compressed": a.has_powersgd}
               for a in plan.arm_list() if a.is_ddp for w in hosts for g in PLOT_RATES_GBIT]
     return {"machine": f"{len(plan.infra.hosts)} x {plan.infra.instance_type} ({plan.infra.gpu}), a projection",
             "link_mbit": plan.infra.link_gbit * 1e3, "rows": h.table(), "parts_s": per_update,
+            "error_copies": copies, "host_link_source": h.host_link_source,
             "break_even": break_even(h, plan.arms.candidate), "sensitivity": sensitivity(h, plan.arms.candidate),
             "curves": curves,
             "provenance": provenance(h), "speed_screen": plan.screen.speed_ratio,
@@ -250,7 +264,11 @@ def markdown(p: dict) -> str:
                      f"{'-' if r['arm'] == p['baseline'] else ('yes' if r['cheaper_than_baseline'] else 'no')} | "
                      f"{r['cross_zone_bytes'] / GB:,.1f} | {r['usd']:.2f} |")
     parts = "; ".join(f"{a}: " + ", ".join(f"{k} {v:.3f}" for k, v in ps.items()) for a, ps in p["parts_s"].items())
+    copies = "; ".join(f"{a}: the error up and down {c['copies_s']:.3f} s, beside compute {c['covered_s']:.3f} s, "
+                       f"exposed {c['exposed_s']:.3f} s" for a, c in p.get("error_copies", {}).items())
     lines += ["", *verdict_lines(p), "", f"Seconds per update by part, the median update (before the link): {parts}.",
+              *(["", f"PowerSGD's FP32 host error per compressed update and rank: {copies}; host link "
+                     f"{p['host_link_source']}."] if copies else []),
               "", "Inputs:", *[f"- {x}" for x in p["provenance"]]]
     return "\n".join(lines) + "\n"
 
@@ -321,10 +339,13 @@ def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS, figures: dict | No
         _, record = full_profile_workload(log)
         source = "the full profile's inputs, built here by prepare's code"
     shaped = full_shape(plan)
-    line = None
+    line, host_link = None, ""
     if figures is not None:
         shaped, line = measured.plan_with(shaped, figures)
-    out = compute(shaped, record, source, hosts=hosts)
+        if any("host_link_both_GBps" in x for x in figures["ranks"]):
+            host_link = (f"measured by the preflight ({measured.provenance(figures)}): the slowest host, "
+                         f"{shaped.infra.host_pinned_both_gbps:.1f} GB/s both ways")
+    out = compute(shaped, record, source, hosts=hosts, host_link_source=host_link)
     if line:  # the declared line names the link and host link no more: they are the measured above
         declared = f"link {shaped.infra.link_gbit:g} Gbit/s each way (infra.link_gbit)"
         out["provenance"] = [line] + [x.replace(declared, "link: measured, above") for x in out["provenance"]]

@@ -46,10 +46,61 @@ def test_each_part_scales_by_the_rate_it_is_bound_by():
     assert parts["micro_batches"] == pytest.approx(0.005 * 4)  # a quarter of the memory bandwidth
     assert parts["fixed"] == pytest.approx(0.08) and parts["dense_extra"] == pytest.approx(0.04)
     assert parts["compress"] == pytest.approx(0.12)
-    assert parts["error_copies"] == pytest.approx(2 * 6e9 / 50e9)  # up and down, both ways at once
+    # up and down, both ways at once, at half the rate; with no staging only the compression covers them
+    assert parts["error_copies_exposed"] == pytest.approx(2 * 6e9 / 50e9)  # measured with no overlap
     assert set(c.parts(plan.arm("single"), 1, 1)) == {"matrix", "micro_batches", "fixed"}
     # PowerSGD's warm-up update is a plain all-reduce: dense's parts, no compression or copies
     assert c.parts(plan.arm("powersgd"), 1, 1, update=1) == c.parts(plan.arm("dense"), 1, 1)
+
+
+def test_the_error_copies_hide_behind_the_micro_batches_as_far_as_the_staging_lets_them():
+    # a 20e-6 s/token, b 0.005 s/micro-batch, compression 0.03 s, 6 GB of error, 100 GB/s, measured on the
+    # hook that folds the error in during the micro-batches
+    c = replace(_calibration(), copy_overlap="fold")
+    psgd = load_plan("full", {}).arm("powersgd")
+    copies = 2 * 6e9 / 100e9  # 0.12 s, up and down at once
+    # one micro-batch of 2,048 tokens (0.046 s of compute), 1 GB of staging: 1 GB up at 50 GB/s (0.02 s)
+    got = c.copies(psgd, 2048, 1, 1e9)
+    assert got["covered_s"] == pytest.approx(1e9 / 50e9 + 0.03)
+    assert got["exposed_s"] == pytest.approx(copies - 1e9 / 50e9 - 0.03)
+    # eight micro-batches: the staging would let all 6 GB up, but only 0.368 s of compute runs beside them
+    many = c.copies(psgd, 8 * 2048, 8, 1e9)
+    assert many["covered_s"] == pytest.approx(6e9 / 50e9 + 0.03) and many["exposed_s"] == 0.0
+    # the compute is the limit where the staging is not: 100 tokens and one micro-batch
+    short = c.copies(psgd, 100, 1, 6e9)
+    assert short["covered_s"] == pytest.approx(100 * 20e-6 + 0.005 + 0.03)
+    # the parts carry the exposed copies; an arm at rank 8 keeps the rank-32 compression where one rank
+    # was measured, and follows the slope where two were
+    assert c.parts(psgd, 2048, 1, staging_bytes=1e9)["error_copies_exposed"] == pytest.approx(got["exposed_s"])
+    rank8 = load_plan("full", {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2:rank=8"}).arm("powersgd")
+    assert c.compression_s(rank8.rank) == pytest.approx(0.03)
+    sloped = replace(c, compress_s_per_rank=0.0005)
+    assert sloped.parts(rank8, 2048, 1)["compress"] == pytest.approx(0.03 - 24 * 0.0005)
+    # a calibration measured on a hook that moves each bucket's error in its own call covers nothing
+    whole = _calibration().copies(psgd, 8 * 2048, 8, 6e9)
+    assert (whole["covered_s"], whole["exposed_s"]) == (0.0, pytest.approx(copies))
+
+
+def test_the_projection_with_a_folding_calibration_by_hand():
+    plan = load_plan("full", {"schedule.updates": "128"})
+    # measured on the plan's own GPU (nothing scaled), on the hook that folds the error in
+    cal = replace(_calibration(), copy_overlap="fold", gpu=gpu_cost.declared_gpu(plan), checks={"w": {"error": 0.01}})
+    both = plan.infra.host_pinned_both_gbps * 1e9
+    h = P.Hosts(plan, _record(n_updates=16), cal, "by hand")
+    link = 20e9
+    rank = 2048 * 20e-6 + 0.005 + 0.02
+    staging = 512 * 2**20  # the full profile's powersgd.staging_mb: one micro-batch lets that much up
+    exposed = 2 * 6e9 / both - (min(2048 * 20e-6 + 0.005, staging / (both / 2)) + 0.03)
+    assert exposed > 0
+    dense_t = rank + 0.01 + h.dense_bytes * OVERHEAD * 8 / link
+    psgd_t = rank + 0.01 + 0.03 + exposed + h.compressed_bytes * OVERHEAD * 8 / link
+    warm = plan.powersgd.warmup_updates
+    rows = {r["arm"]: r for r in h.table(2, link / 1e6)}
+    assert rows["powersgd"]["seconds"] == pytest.approx(warm * dense_t + (16 - warm) * psgd_t)
+    p = P.compute(plan, _record(n_updates=16), "by hand", cal)
+    assert p["error_copies"]["powersgd"]["exposed_s"] == pytest.approx(exposed)
+    assert "declared: infra.host_pinned_both_gbps" in p["host_link_source"]
+    assert f"exposed {exposed:.3f} s" in P.markdown(p)
 
 
 def test_the_study_hosts_by_hand():
