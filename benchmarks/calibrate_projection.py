@@ -7,9 +7,14 @@ From the call's result file and its profile of the single arm's last update (on 
 documents): b, one micro-batch's gradient additions, and c, the clip, AdamW and zeroing, are
 the profiled update's own kernels; each update's padded tokens and micro-batches come from
 rebuilding the call's workloads and laying them out as the loop does (`gradshare.inputs.workload`).
-Then a (seconds per padded token), dense's extra and PowerSGD's compression are fitted on one
-workload's medians (updates 4..N-1) and every arm is predicted on the other; both directions
-are printed, and the fit on the study's documents is written with its checks and provenance.
+PowerSGD's compression is the profiled update's own range ('powersgd: compression'), at rank 32
+and, where the call ran `powersgd-rank-8`, at rank 8 too (its slope); where the call has no such
+profile it is what is left of PowerSGD's update with every copy counted whole. The hook the call
+measured says how its copies moved (`copy_overlap`: `fold` hides them behind the micro-batches).
+Then a (seconds per padded token) and dense's extra are fitted on one workload's medians
+(updates 4..N-1) and every arm is predicted on the other by the product's own `Calibration.seconds`;
+both directions are printed, and the fit on the study's documents is written with its checks and
+provenance.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dataclasses import replace  # noqa: E402
 
 from benchmarks import workloads  # noqa: E402
 
@@ -68,21 +75,28 @@ def medians(result: dict, figures: list[dict], updates: int) -> dict:
             "mbs": statistics.median(figures[r["update"] - 1]["micro_batches"] for r in steady)}
 
 
-def fit(m: dict, b: float, c: float, copies: float) -> dict:
+def fit(m: dict, b: float, c: float, copies: float, measured_compress: float | None = None) -> dict:
+    """a and dense's extra from single and dense; the compression measured in the profile where there
+    is one, else what is left of PowerSGD's update with every copy counted whole (a hook that
+    hides none)."""
     single, dense, psgd = m
     a = (single["s"] - b * single["mbs"] - c) / single["padded"]
     dense_extra = dense["s"] - (a * dense["padded"] + b * dense["mbs"] + c)
-    compress = psgd["s"] - (a * psgd["padded"] + b * psgd["mbs"] + c) - dense_extra - copies
+    compress = measured_compress if measured_compress is not None else \
+        psgd["s"] - (a * psgd["padded"] + b * psgd["mbs"] + c) - dense_extra - copies
     return {"s_per_padded_token": a, "dense_extra_s": dense_extra, "compress_s": compress}
 
 
-def predict(parts: dict, b: float, c: float, copies: float, m: dict, arm: str) -> float:
-    t = parts["s_per_padded_token"] * m["padded"] + b * m["mbs"] + c
-    if arm != "single":
-        t += parts["dense_extra_s"]
-    if arm == "powersgd":
-        t += parts["compress_s"] + copies
-    return t
+def predict(cal, plan, m: dict, arm: str) -> float:
+    """The product's own figure (`Calibration.seconds`) for one arm's median update at world 1."""
+    from gradshare.cost.projection import staging_bytes
+
+    return cal.seconds(plan.arm(arm), m["padded"], m["mbs"], staging_bytes=staging_bytes(plan))
+
+
+def compression(res: dict, name: str) -> float | None:
+    """The profiled update's compression, seconds of GPU time (gpu_path's profile of `name`)."""
+    return ((res.get(name) or {}).get("profile") or {}).get("compression_device_s") or None
 
 
 def main(argv=None) -> None:
@@ -113,29 +127,39 @@ def main(argv=None) -> None:
     figures = {w: workload_figures(w, Path(args.workdir), updates) for w in ARMS}
     m = {w: [medians(res[name], figures[w], updates) for name in names] for w, names in ARMS.items()}
     b, c = memory_bound_parts(profile.read_text(), figures["study"][updates - 1]["micro_batches"])
+    plan = workloads.bench_plan("full", {})
     params = sum(__import__("math").prod(s) for s in parameter_shapes(load_plan("full")))
     error_bytes = 4 * params
     copies = 2 * error_bytes / (cal["copy_gbps"]["both"] * 1e9)
-    checks, fitted = {}, {}
-    for on, other in (("study", "stand-in-512"), ("stand-in-512", "study")):
-        fitted[on] = fit(m[on], b, c, copies)
-        for arm, got in zip(("single", "dense", "powersgd"), m[other]):
-            want = predict(fitted[on], b, c, copies, got, arm)
-            checks[f"fitted on {on}, {arm} on {other}"] = {"predicted_s": want, "measured_s": got["s"],
-                                                           "error": want / got["s"] - 1}
-    for k, v in checks.items():
-        print(f"{k:<45} predicted {v['predicted_s']:.3f} s, measured {v['measured_s']:.3f} s ({v['error']:+.1%})")
+    # the hook the call measured: it says how its copies moved (gradshare.train.powersgd.COPY_OVERLAP)
+    overlap = res["powersgd"].get("copy_overlap", "none")
+    c32, c8 = compression(res, "powersgd"), compression(res, "powersgd-rank-8")
+    slope = (c32 - c8) / (32 - 8) if (c32 and c8) else 0.0
     e = data["env"]
     gpu = GpuRates(name=e["device"], matmul_tflops=cal["matmul_tflops"], memory_gbps=memory,
                    pinned_both_gbps=cal["copy_gbps"]["both"],
                    source=f"measured on one {e['device']} on {e['date']} at commit {e['commit']} "
                           f"(benchmarks/gpu_path.py: matrix rate and pinned copies in the same call); "
                           f"memory bandwidth: {memory_source}")
-    out = Calibration(gpu=gpu, s_fixed=c, s_per_micro_batch=b, error_bytes=error_bytes, checks=checks,
-                      source=f"{path.name}: b and c from its profiled update of single (study's documents), "
-                             f"a, dense's and PowerSGD's extras fitted on the study's documents (medians of "
-                             f"updates 4..{updates - 1}), checked on the 512-token stand-ins",
-                      **fitted["study"])
+    compress_source = ("its profiled compression" + (" at ranks 32 and 8" if slope else " at rank 32") if c32
+                       else "what is left of PowerSGD's update")
+    checks, made = {}, {}
+    for on, other in (("study", "stand-in-512"), ("stand-in-512", "study")):
+        made[on] = Calibration(gpu=gpu, s_fixed=c, s_per_micro_batch=b, error_bytes=error_bytes, checks={},
+                               source="", copy_overlap=overlap, compress_s_per_rank=slope,
+                               **fit(m[on], b, c, copies, c32))
+        for arm, got in zip(("single", "dense", "powersgd"), m[other]):
+            want = predict(made[on], plan, got, arm)
+            checks[f"fitted on {on}, {arm} on {other}"] = {"predicted_s": want, "measured_s": got["s"],
+                                                           "error": want / got["s"] - 1}
+    for k, v in checks.items():
+        print(f"{k:<45} predicted {v['predicted_s']:.3f} s, measured {v['measured_s']:.3f} s ({v['error']:+.1%})")
+    out = replace(made["study"], checks=checks,
+                  source=f"{path.name}: b and c from its profiled update of single (study's documents), "
+                         f"a and dense's extra fitted on the study's documents (medians of updates "
+                         f"4..{updates - 1}), compression from {compress_source}, the error's copies "
+                         f"{'folded in during the micro-batches' if overlap == 'fold' else 'all exposed'}; "
+                         f"checked on the 512-token stand-ins")
     print(json.dumps(out.to_dict(), indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(out.to_dict(), indent=1) + "\n")

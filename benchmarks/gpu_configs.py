@@ -39,7 +39,8 @@ SMOKE = {"schedule.micro_batch_tokens": "2048", "hardware.cuda_graphs": "true", 
          "hardware.gradient_as_bucket_view": "true", "powersgd.hook": "fast", "powersgd.bucket_cap_mb": "1",
          "hardware.threads_per_process": "0"}
 NO_GRAPHS = {"hardware.cuda_graphs": "false"}
-PROFILED = {"single", "powersgd", "single-512", "powersgd-512", "powersgd-cholqr2", "powersgd-512-cholqr2"}
+PROFILED = {"single", "powersgd", "single-512", "powersgd-512", "powersgd-cholqr2", "powersgd-512-cholqr2",
+            "powersgd-rank-8"}
 
 # name -> (workload, arm, overrides on top of the full profile); ref-* are the plain loop.
 CONFIGS = {
@@ -64,6 +65,7 @@ CONFIGS = {
     "dense-512": ("stand-in-512", "dense", {}),
     "powersgd-512": ("stand-in-512", "powersgd", {}),
     "powersgd-512-cholqr2": ("stand-in-512", "powersgd", {"powersgd.orthogonalization": "cholesky-qr2"}),
+    "powersgd-rank-8": ("study", "powersgd", {"powersgd.rank": "8"}),
     "single-512-by-count": ("stand-in-512", "single", BY_COUNT),
     "ref-single-512": ("stand-in-512", "ref-single", {}),
     # the cap-and-reason path the worker uses, under a cap the arm cannot fit
@@ -210,6 +212,10 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
     try:
         res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step, log=lambda *a: None)
         out.update(graphs=res.graphs, error_prefetched_bytes=res.error_prefetched_bytes)
+        if arm == "powersgd":
+            from gradshare.train.powersgd import COPY_OVERLAP
+
+            out["copy_overlap"] = COPY_OVERLAP if plan.powersgd.hook == "fast" else "none"
     except DeviceMemoryError as exc:  # the reason the worker would record
         out["failure_reason"] = str(exc)
     out.update(rows=rows, wall_s=time.perf_counter() - t0, profile=prof.totals,

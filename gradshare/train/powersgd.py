@@ -29,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 ERROR_FEEDBACK_MODES = ("fp32-host", "device", "none")
 HOOKS = ("upstream", "fast")
 ORTHOGONALIZATIONS = ("qr", "cholesky-qr2")
+COPY_OVERLAP = "fold"  # how the fast hook moves the error (gradshare.cost.gpu_cost.Calibration.copy_overlap)
 COMPRESSION = "powersgd: compression"  # the profiler's name for one bucket's compression
 
 
