@@ -6,7 +6,8 @@ model). While a record waits they are the only copy; once the store has them all
 disk taken for nothing. An arm that ends with every record delivered drops its folder itself
 (`study_runs.end_run`); one delivered later by `gradshare upload` is dropped here. Only a run
 whose journal holds its end is touched: nobody appends to an ended run, so nothing written
-meanwhile can be lost.
+meanwhile can be lost. A folder that holds a checkpoint the store does not hold byte for byte
+is kept (`gradshare.tracking.weights_guard`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 from pathlib import Path
 
 from gradshare.tracking.outbox import JOURNAL, Outbox
+from gradshare.tracking.weights_guard import kept_line, unstored_weights
 
 
 def _ended(run_dir: Path) -> bool:
@@ -48,6 +50,9 @@ def drop_delivered(paths: list[Path], log=print) -> list[Path]:
     removed = []
     for d in runs:
         if Outbox(d.name, grace_s=0, directory=d.parent, log=lambda _: None).pending() or not _ended(d):
+            continue
+        if (why := unstored_weights(d)) is not None:
+            log(kept_line(d, why))
             continue
         size = _bytes(d)
         shutil.rmtree(d, ignore_errors=True)

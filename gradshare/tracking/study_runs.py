@@ -25,7 +25,7 @@ from gradshare.contract.tags import (
     STEP,
     STUDY,
 )
-from gradshare.tracking import clock, connection, orphans, outbox
+from gradshare.tracking import clock, connection, orphans, outbox, weights_guard
 
 
 def existing_study(study: str):
@@ -239,7 +239,10 @@ def end_run(run_id: str, status: str, tags: dict, texts: dict[str, str] | None =
         if tags:
             mlflow.set_tags(tags)
         mlflow.end_run(status)
-        shutil.rmtree(box.dir, ignore_errors=True)  # every record is in the store: nothing to keep
+        if (why := weights_guard.unstored_weights(box.dir)) is None:
+            shutil.rmtree(box.dir, ignore_errors=True)  # every record is in the store: nothing to keep
+        else:
+            print(weights_guard.kept_line(box.dir, why), file=sys.stderr, flush=True)
         return stored
     box.end(status, tags)
     with outbox.fast_fail():

@@ -44,3 +44,57 @@ def test_upload_removes_an_ended_runs_delivered_outbox_and_keeps_one_that_may_st
     assert c.get_run(ended).info.status == "FINISHED"
     assert [a.path for a in c.list_artifacts(ended, "checkpoint")] == ["checkpoint/ended.bin"]
     assert c.get_run(still).info.status == "RUNNING"
+
+
+def _checkpoint(folder, value: float) -> None:
+    """A saved model's files as the arm writes them: safetensors weights and a config."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.full((64, 64), value)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "by-hand"}')
+
+
+def _ended_with_checkpoint(box_dir, name: str, value: float, recorded: str | None, deliver: bool) -> str:
+    """An ended run whose outbox holds a checkpoint: journaled as the arm's result (`deliver`, with
+    the weights hash `recorded`), or only written there (a rank killed before the record)."""
+    from gradshare.contract.tags import CKPT_SHA
+
+    c = connection.client()
+    run_id = c.create_run(c.create_experiment(f"weights-{name}")).info.run_id
+    box = outbox.Outbox(run_id, grace_s=0, directory=box_dir, log=lambda line: None)
+    box.hold()
+    box.metrics({"train/loss": 1.5}, step=1)
+    _checkpoint(box.dir / "checkpoint", value)
+    if deliver:
+        box.tags({CKPT_SHA: recorded})
+        box.journal(box.dir / "checkpoint", "checkpoint")
+    box.end("FINISHED" if deliver else "FAILED")
+    return run_id
+
+
+def test_upload_never_removes_weights_the_store_does_not_hold_byte_for_byte(mlflow_server, tmp_path):
+    """A rank killed after rank 0 wrote the checkpoint into the outbox, before any record named it:
+    `gradshare upload` delivered the rest and once removed the folder, the only copy of the weights.
+    Now a folder goes only where the store lists the same files and records the same weights hash."""
+    from gradshare.util.hashing import checkpoint_sha256
+
+    box_dir = tmp_path / "box"
+    _checkpoint(tmp_path / "same", 0.5)
+    right = checkpoint_sha256(tmp_path / "same")
+    unnamed = _ended_with_checkpoint(box_dir, "unnamed", 0.5, None, deliver=False)
+    stored = _ended_with_checkpoint(box_dir, "stored", 0.5, right, deliver=True)
+    wrong = _ended_with_checkpoint(box_dir, "wrong", 0.5, "0" * 64, deliver=True)
+    up = subprocess.run([sys.executable, "-m", "entrypoints.cli", "upload", str(box_dir)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=os.environ | {})
+    assert up.returncode == 0, up.stdout + up.stderr
+    size = sum(f.stat().st_size for f in (box_dir / unnamed / "checkpoint").iterdir())
+    assert (f"[gradshare] run {unnamed}: its outbox {box_dir / unnamed} keeps a trained checkpoint ({size:,} bytes) "
+            f"and is not removed: the store holds no checkpoint for the run.") in up.stdout
+    assert (box_dir / unnamed / "checkpoint" / "model.safetensors").is_file()
+    assert not (box_dir / stored).exists()  # the same files and the same weights hash: gone
+    assert f"run {stored}: every record is in the store" in up.stdout
+    assert (f"run {wrong}: its outbox {box_dir / wrong} keeps a trained checkpoint ({size:,} bytes) and is not "
+            f"removed: the run records weights 0000000000000000…, the folder's are {right[:16]}…") in up.stdout
+    assert (box_dir / wrong / "checkpoint" / "model.safetensors").is_file()
