@@ -34,6 +34,7 @@ from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import outbox, store, study_runs
 from gradshare.train.driver import Launch, check_launch, free_port, thread_env
+from gradshare.train import failures
 
 ARTIFACT = "preflight.json"
 
@@ -70,6 +71,28 @@ def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[
                 flat += _numel(s)
         psgd += [4 * x for x in (flat, ps, qs) if x]
     return dense, psgd
+
+
+PROBE_LOG_LINES = 80
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def probe_failure(log_text: str) -> str:
+    """The cause of a failed probe launch, in one line: each failed rank's exit (torch elastic's
+    summary) and the first error a rank raised (the line that ends its traceback), never the
+    launcher's own ChildFailedError, which only says that a child failed."""
+    errors = []
+    for block in log_text.split(_TRACEBACK)[1:]:
+        lines = [x for x in block.splitlines() if x.strip()]
+        last = next((x.strip() for x in lines if not x.startswith((" ", "\t", "["))), None)
+        if last and "ChildFailedError" not in last:
+            errors.append(last)
+    exits = failures.launcher_exits(log_text)
+    said = "; ".join(f"rank {e.rank} on {e.host} " + (f"killed by {e.signal_name}" if e.signal_name
+                                                      else f"exited {e.exitcode}") for e in exits)
+    if errors:
+        said = (said + ": " if said else "") + errors[0][:300]
+    return said or " ".join(log_text.split())[-300:] or "the launcher wrote nothing"
 
 
 def _numel(shape) -> int:
@@ -136,9 +159,12 @@ def measure(plan: Plan, shapes, launch: Launch, log=print) -> dict:
                                       stderr=subprocess.STDOUT,
                                       timeout=plan.arms.startup_s + 3 * plan.preflight.sustain_s + 120 + timed_s)
             if done.returncode != 0:
-                tail = (work / "launcher.log").read_text(errors="replace")[-1500:]
+                text = (work / "launcher.log").read_text(errors="replace")
+                # the whole log to stderr (its folder is removed below), then the cause in one line
+                print(f"[gradshare] preflight: the probe's log (sockets {setting}), its last {PROBE_LOG_LINES} "
+                      f"lines:\n" + "\n".join(text.splitlines()[-PROBE_LOG_LINES:]), file=sys.stderr, flush=True)
                 raise StudyError(f"preflight: the probe with sockets {setting} failed (exit {done.returncode}): "
-                                 f"{' '.join(tail.split())[-600:]}")
+                                 f"{probe_failure(text)}")
             if launch.machine_rank == 0:
                 out[setting] = json.loads(probe_mod.result_path(work, 0).read_text())
         finally:

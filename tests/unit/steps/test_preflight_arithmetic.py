@@ -101,3 +101,47 @@ def test_the_measured_link_replaces_the_declared_one_with_its_provenance():
     f["ranks"] = [{"host_link_both_GBps": 30.0}, {"host_link_both_GBps": 25.0}]
     shaped, line = measured.plan_with(plan, f)
     assert shaped.infra.host_pinned_both_gbps == 25.0 and "host link 25.0 GB/s" in line
+
+
+PROBE_LOG = """[W1207 04:31:02.000000000 socket.cpp:752] [c10d] The client socket has failed to connect.
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/tmp/ci2/gradshare/hosts/probe.py", line 287, in run
+    result_path(workdir, rank).write_text(json.dumps(out, indent=1))
+OSError: [Errno 28] No space left on device
+E1207 04:31:03.000000000 1234 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1) local_rank: 0 (pid: 1234) of binary: /usr/bin/python
+Traceback (most recent call last):
+  File "/usr/bin/accelerate", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+gradshare.hosts.probe FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_04:31:03
+  host      : hostb
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 1234)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_probe_is_named_by_its_ranks_exit_and_own_error_not_the_launchers():
+    """CI once lost a probe's cause: the step kept the last 600 characters of the launcher's log,
+    torch elastic's summary ("gradshare.hosts.probe FAILED ... <NO_OTHER_FAILURES>"), and cut the
+    rank's own traceback off (2026-12-07). The line names the rank, its host, its exit and the
+    error it raised; the launcher's ChildFailedError, which says only that a child failed, never."""
+    from gradshare.steps.preflight import probe_failure
+
+    assert probe_failure(PROBE_LOG) == "rank 1 on hostb exited 1: OSError: [Errno 28] No space left on device"
+    killed = PROBE_LOG.split("Traceback")[0] + PROBE_LOG[PROBE_LOG.index("gradshare.hosts.probe FAILED"):] \
+        .replace("exitcode  : 1 (pid: 1234)", "exitcode  : -9 (pid: 1234)")
+    assert probe_failure(killed) == "rank 1 on hostb killed by SIGKILL"
+    assert probe_failure("just a line the launcher wrote\n") == "just a line the launcher wrote"
+    assert probe_failure("") == "the launcher wrote nothing"
