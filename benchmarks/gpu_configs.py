@@ -40,7 +40,7 @@ SMOKE = {"schedule.micro_batch_tokens": "2048", "hardware.cuda_graphs": "true", 
          "hardware.threads_per_process": "0"}
 NO_GRAPHS = {"hardware.cuda_graphs": "false"}
 PROFILED = {"single", "powersgd", "single-512", "powersgd-512", "powersgd-cholqr2", "powersgd-512-cholqr2",
-            "powersgd-rank-8"}
+            "powersgd-rank-8", "powersgd-fold", "powersgd-512-fold", "powersgd-fold-rank-8"}
 
 # name -> (workload, arm, overrides on top of the full profile); ref-* are the plain loop.
 CONFIGS = {
@@ -66,6 +66,9 @@ CONFIGS = {
     "powersgd-512": ("stand-in-512", "powersgd", {}),
     "powersgd-512-cholqr2": ("stand-in-512", "powersgd", {"powersgd.orthogonalization": "cholesky-qr2"}),
     "powersgd-rank-8": ("study", "powersgd", {"powersgd.rank": "8"}),
+    "powersgd-fold": ("study", "powersgd", {"powersgd.fold_errors": "true"}),
+    "powersgd-512-fold": ("stand-in-512", "powersgd", {"powersgd.fold_errors": "true"}),
+    "powersgd-fold-rank-8": ("study", "powersgd", {"powersgd.fold_errors": "true", "powersgd.rank": "8"}),
     "single-512-by-count": ("stand-in-512", "single", BY_COUNT),
     "ref-single-512": ("stand-in-512", "ref-single", {}),
     # the cap-and-reason path the worker uses, under a cap the arm cannot fit
@@ -215,7 +218,7 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
         if arm == "powersgd":
             from gradshare.train.powersgd import COPY_OVERLAP
 
-            out["copy_overlap"] = COPY_OVERLAP if plan.powersgd.hook == "fast" else "none"
+            out["copy_overlap"] = COPY_OVERLAP if plan.powersgd.fold_errors else "none"
     except DeviceMemoryError as exc:  # the reason the worker would record
         out["failure_reason"] = str(exc)
     out.update(rows=rows, wall_s=time.perf_counter() - t0, profile=prof.totals,

@@ -34,13 +34,14 @@ from gradshare.contract.tags import STEP  # noqa: E402
 # then the stand-ins; then the variants measured and not taken (BENCHMARKS.md, 2026-12-04).
 ORDER = ("single", "dense", "powersgd", "single-cap-30", "single-no-graphs", "single-by-count", "ref-single",
          "single-512", "dense-512", "powersgd-512", "single-512-by-count", "powersgd-cholqr2", "powersgd-512-cholqr2",
-         "powersgd-rank-8",
+         "powersgd-rank-8", "powersgd-fold", "powersgd-512-fold", "powersgd-fold-rank-8",
          "powersgd-cholqr2-staging-2048", "powersgd-512-cholqr2-staging-2048", "single-4096", "single-512-4096",
          "powersgd-staging-2048", "ref-single-512", "powersgd-by-count", "ref-dense")
 DENSE_OF = {"powersgd": "dense", "powersgd-512": "dense-512", "powersgd-staging-2048": "dense",
             "powersgd-by-count": "dense", "powersgd-4096": "dense", "powersgd-cholqr2": "dense",
             "powersgd-cholqr2-staging-2048": "dense", "powersgd-512-cholqr2-staging-2048": "dense-512",
-            "powersgd-512-cholqr2": "dense-512", "powersgd-rank-8": "dense"}
+            "powersgd-512-cholqr2": "dense-512", "powersgd-rank-8": "dense",
+            "powersgd-fold": "dense", "powersgd-512-fold": "dense-512", "powersgd-fold-rank-8": "dense"}
 
 
 def summarise(r: dict, updates: int) -> dict:

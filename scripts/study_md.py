@@ -154,6 +154,8 @@ def block_powersgd(ps):
         ("orthogonalisation of P", lambda p: num(p.powersgd.orthogonalization), "`powersgd.orthogonalization`"),
         ("device memory for FP32 error in flight (MB, `fast` hook)", lambda p: num(p.powersgd.staging_mb),
          "`powersgd.staging_mb`"),
+        ("error added between micro-batches (`fast` hook)", lambda p: num(p.powersgd.fold_errors),
+         "`powersgd.fold_errors`"),
     ])
 
 

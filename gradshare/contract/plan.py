@@ -157,6 +157,10 @@ class PowerSGDPlan:
     twice; equals QR up to column signs for full-rank P, which P Q^T does not see). `fast` hook only."""
     staging_mb: int = 1024
     """`fast` hook: device memory the FP32 error may hold in flight to and from the host."""
+    fold_errors: bool = False
+    """`fast` hook: add each bucket's error into its gradients between the micro-batches (the error
+    goes up beside them, one staging's worth per micro-batch), not in the exchange. The same sum in
+    another order; off until measured on a GPU (BENCHMARKS.md)."""
 
     def problems(self, plan: "Plan") -> list[str]:
         out = []
@@ -176,6 +180,8 @@ class PowerSGDPlan:
             out.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
         if self.staging_mb < 1 or self.bucket_cap_mb < 1:
             out.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
+        if self.fold_errors and self.hook != "fast":
+            out.append("powersgd.fold_errors=true needs powersgd.hook=fast (upstream's hook adds the error itself)")
         return out
 
 

@@ -65,9 +65,9 @@ class Calibration:
     checks: dict
     """Predicted against measured, every arm on both workloads."""
     copy_overlap: str = "none"
-    """How the measured hook moved the error: `fold` (gradshare's fast hook since 14b0c15: up during the
-    micro-batches, one staging's worth each, folded into the gradients) or `none` (each bucket's
-    error in its own call, in the exchange: no copy is counted as covered)."""
+    """How the measured hook moved the error: `fold` (the fast hook with `powersgd.fold_errors`: up
+    during the micro-batches, one staging's worth each, folded into the gradients) or `none` (each
+    bucket's error in its own call, in the exchange: no copy is counted as covered)."""
     compress_rank: int = 32
     compress_s_per_rank: float = 0.0
     """Compression's seconds per unit of rank, where two ranks were measured; 0: one rank only."""

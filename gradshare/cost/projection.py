@@ -58,9 +58,9 @@ PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 
 
 def staging_bytes(plan) -> float:
-    """The device memory PowerSGD's error copies may hold: the fast hook's staging, which lets the
-    error up during the micro-batches; upstream's hook copies each bucket's error in its call."""
-    return plan.powersgd.staging_mb * 2**20 if plan.powersgd.hook == "fast" else 0.0
+    """The staging that lets PowerSGD's error up during the micro-batches: the fast hook's, where it
+    folds the error in (`powersgd.fold_errors`); otherwise each bucket's error moves in its call."""
+    return plan.powersgd.staging_mb * 2**20 if plan.powersgd.fold_errors else 0.0
 
 
 class Hosts:
@@ -314,7 +314,7 @@ def full_shape(plan):
     return replace(full, infra=plan.infra, screen=plan.screen,
                    arms=replace(full.arms, rows=plan.arms.rows, candidate=plan.arms.candidate,
                                 controls=plan.arms.controls),
-                   powersgd=replace(full.powersgd, rank=plan.powersgd.rank))
+                   powersgd=replace(full.powersgd, rank=plan.powersgd.rank, fold_errors=plan.powersgd.fold_errors))
 
 
 def full_profile_workload(log=print) -> tuple[object, dict]:

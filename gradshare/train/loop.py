@@ -9,7 +9,7 @@ the same code path. Run by `gradshare.train.worker` under `accelerate launch`.
 
 An update reads top to bottom: learning rate; micro-batches under `no_sync` until
 the last (so exactly one gradient exchange per update), PowerSGD's host error folded into the
-gradients between them (`powersgd.fold_errors`); the global loss; clip; step;
+gradients between them where `powersgd.fold_errors`; the global loss; clip; step;
 `zero_grad(set_to_none=True)`; metering.
 """
 from __future__ import annotations
@@ -407,8 +407,8 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
         if a.psgd_state is not None:  # the host error travels up during the micro-batches
             res.error_prefetched_bytes += prefetch_errors(a.psgd_state)
 
-        def between():  # PowerSGD: the errors arrived so far into the gradients, the next ones up
-            if a.psgd_state is not None:
+        def between():  # PowerSGD: the errors sent up so far into the gradients, the next ones up
+            if a.psgd_state is not None and a.plan.powersgd.fold_errors:
                 res.error_prefetched_bytes += fold_errors(a.psgd_state)
         # Sum of token losses over the global batch / its target count; DDP averages over
         # ranks, so each rank scales by world to undo it.

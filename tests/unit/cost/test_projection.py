@@ -82,7 +82,7 @@ def test_the_error_copies_hide_behind_the_micro_batches_as_far_as_the_staging_le
 
 
 def test_the_projection_with_a_folding_calibration_by_hand():
-    plan = load_plan("full", {"schedule.updates": "128"})
+    plan = load_plan("full", {"schedule.updates": "128", "powersgd.fold_errors": "true"})
     # measured on the plan's own GPU (nothing scaled), on the hook that folds the error in
     cal = replace(_calibration(), copy_overlap="fold", gpu=gpu_cost.declared_gpu(plan), checks={"w": {"error": 0.01}})
     both = plan.infra.host_pinned_both_gbps * 1e9
@@ -101,6 +101,11 @@ def test_the_projection_with_a_folding_calibration_by_hand():
     assert p["error_copies"]["powersgd"]["exposed_s"] == pytest.approx(exposed)
     assert "declared: infra.host_pinned_both_gbps" in p["host_link_source"]
     assert f"exposed {exposed:.3f} s" in P.markdown(p)
+    # without the fold nothing lets the error up during the micro-batches: only the compression covers
+    unfolded = P.Hosts(load_plan("full", {"schedule.updates": "128"}), _record(n_updates=16), cal, "by hand")
+    assert unfolded.staging == 0.0
+    psgd = plan.arm("powersgd")
+    assert cal.copies(psgd, 2048, 1, unfolded.staging)["exposed_s"] == pytest.approx(2 * 6e9 / both - 0.03)
 
 
 def test_the_study_hosts_by_hand():

@@ -218,6 +218,9 @@ def test_the_plan_refuses_fast_levers_where_they_do_not_apply():
         load_plan("tiny", {"hardware.compile": "true"})
     with pytest.raises(PlanError, match="cholesky-qr2"):
         load_plan("tiny", {"powersgd.orthogonalization": "cholesky-qr2"})
+    with pytest.raises(PlanError, match="powersgd.fold_errors=true needs powersgd.hook=fast"):
+        load_plan("tiny", {"powersgd.fold_errors": "true"})
+    assert not load_plan("full").powersgd.fold_errors  # off until a GPU measurement decides it
     tiny = load_plan("tiny")  # the tiny study keeps the plain path: the same numbers as before
     assert (tiny.powersgd.hook, tiny.hardware.loss_chunk_tokens, tiny.hardware.compile) == ("upstream", 0, False)
 
