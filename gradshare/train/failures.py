@@ -110,7 +110,11 @@ def one_line(arm: str, rc: int, reasons: dict[int, str], exits: list[RankExit]) 
         if text.startswith(OWN_WORDS) or "diverged" in text:
             return text
     if reasons:
-        rank, text = next(iter(reasons.items()))
+        # the first observed failure that wrote a reason (the launcher's summary lists its root
+        # cause first), else the lowest rank: a peer's reason is often only the lost connection
+        order = [e.rank for e in exits if e.rank in reasons] + sorted(reasons)
+        rank = order[0]
+        text = reasons[rank]
         host = next((e.host for e in exits if e.rank == rank), None)
         where = f"rank {rank}" + (f" on host {host}" if host else "")
         return f"arm {arm}: {where} failed: {text}"

@@ -129,3 +129,14 @@ def test_a_rehearsal_asked_for_on_the_cpu_profile_is_refused_by_prepare_with_the
     assert proc.returncode != 0
     assert "hardware.rehearsal=one-gpu puts both processes of a two-process arm on one CUDA GPU" in proc.stderr
     assert not study_runs.search("rehearsal-on-cpu", "prepare", status="FINISHED")  # nothing prepared
+
+
+def test_the_hang_bound_is_so_many_expected_updates_never_under_the_stall_bound():
+    """Fixed figures, not the function's own formula (a hang bound with hang_updates squared once
+    passed the e2e test, which computes its expectation with `hang_s` itself)."""
+    arms = load_plan("tiny", {"arms.hang_updates": "10", "arms.expected_update_s": "4", "arms.stall_s": "30"}).arms
+    assert arms.hang_s() == 40.0
+    assert load_plan("tiny", {"arms.hang_updates": "10", "arms.expected_update_s": "2.5",
+                              "arms.stall_s": "30"}).arms.hang_s() == 30.0  # the stall bound, not 25
+    assert load_plan("tiny", {"arms.hang_updates": "3", "arms.expected_update_s": "20",
+                              "arms.stall_s": "30"}).arms.hang_s() == 60.0

@@ -73,3 +73,16 @@ def test_the_rank_that_failed_first_is_named_not_the_one_the_agent_stopped_after
     assert reason == f"arm dense: rank 1 on host {socket.getfqdn()} was killed by SIGKILL (exit code -9)"
     (tmp_path / WORKERS_LOG).write_text(_summary({0: -signal.SIGTERM, 1: -signal.SIGKILL}, first=0))
     assert failures.explain(tmp_path, "dense", 1)[0].startswith("arm dense: rank 0 ")  # the other order too
+
+
+def test_of_two_ranks_with_ordinary_reasons_the_first_observed_failure_is_named(tmp_path):
+    """Both ranks exit 1, each with a reason of its own: the launcher's root cause is the arm's
+    reason, whichever rank it is; its peer's reason (the connection it lost) is a consequence."""
+    (tmp_path / "failure.rank0.txt").write_text("RuntimeError: Connection closed by peer")
+    (tmp_path / "failure.rank1.txt").write_text("ValueError: bad shard")
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: 1}, first=1))
+    host = socket.getfqdn()
+    assert failures.explain(tmp_path, "dense", 1)[0] == f"arm dense: rank 1 on host {host} failed: ValueError: bad shard"
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: 1}, first=0))
+    assert failures.explain(tmp_path, "dense", 1)[0] == (f"arm dense: rank 0 on host {host} failed: "
+                                                          f"RuntimeError: Connection closed by peer")
