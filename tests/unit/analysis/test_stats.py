@@ -178,11 +178,12 @@ def test_retention_upper_bound_matches_scipy_sem():
     seed = rng.gamma(2.0, 1.0, size=500)
     cand = seed + rng.normal(0.02, 0.05, size=500)
     ids = [f"probe-{i}" for i in range(500)]
-    z = 1.645  # one-sided
-    r = retention_change(dict(zip(ids, cand)), dict(zip(ids, seed)), z=z)
     d = cand - seed  # candidate minus seed: positive means forgetting
-    assert r["n"] == 500
-    assert r["mean"] == pytest.approx(np.mean(d), rel=1e-12)
-    assert r["se"] == pytest.approx(sps.sem(d), rel=1e-12)
-    assert r["upper"] == pytest.approx(np.mean(d) + z * sps.sem(d), rel=1e-12)
-    assert set(r) == {"mean", "se", "upper", "n"}
+    # the plan's z (1.96) and two others: a bound that hard-codes any one multiplier fails
+    for z in (1.96, 1.645, 2.5):
+        r = retention_change(dict(zip(ids, cand)), dict(zip(ids, seed)), z=z)
+        assert r["n"] == 500
+        assert r["mean"] == pytest.approx(np.mean(d), rel=1e-12)
+        assert r["se"] == pytest.approx(sps.sem(d), rel=1e-12)
+        assert r["upper"] == pytest.approx(np.mean(d) + z * sps.sem(d), rel=1e-12)
+        assert set(r) == {"mean", "se", "upper", "n"}
