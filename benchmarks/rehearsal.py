@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -183,8 +182,8 @@ def _from_store(out: Path | None = None) -> dict:
     single = [r for r in study_runs.search(STUDY, "train", "single") if r.data.tags.get(REFUSAL) != "true"]
     if out is not None and single:
         try:  # where the single arm was profiled (--profile-update)
-            got = study_runs.download(single[-1].info.run_id, "profile/profile.rank0.txt")
-            shutil.copy(got, out / "profile_single.txt")
+            (out / "profile_single.txt").write_text(
+                study_runs.read_text(single[-1].info.run_id, "profile/profile.rank0.txt"))
         except Exception:  # noqa: BLE001 - not profiled: nothing to fetch
             pass
     return {"arms": arms, "scored": scored}

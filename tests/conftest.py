@@ -329,7 +329,7 @@ def is_scored(study: str) -> bool:
 def commitment_of(study: str) -> dict:
     import json
     [run] = study_runs.search(study, "commit", status="FINISHED")
-    return json.loads(study_runs.download(run.info.run_id, "commitment.json").read_text())
+    return json.loads(study_runs.read_text(run.info.run_id, "commitment.json"))
 
 
 @pytest.fixture(scope="session")

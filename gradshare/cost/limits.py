@@ -196,7 +196,7 @@ def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
     from mlflow.exceptions import MlflowException
 
     try:
-        recorded = json.loads(study_runs.download(prep.info.run_id, MODEL_SHAPES).read_text())
+        recorded = json.loads(study_runs.read_text(prep.info.run_id, MODEL_SHAPES))
     except (MlflowException, OSError):
         return parameter_shapes(plan)
     return [tuple(s) for s in recorded["shapes"]]

@@ -88,7 +88,7 @@ def latest(study: str) -> dict | None:
     runs = study_runs.search(study, "preflight", status="FINISHED")
     if not runs:
         return None
-    figures = json.loads(study_runs.download(runs[0].info.run_id, ARTIFACT).read_text())
+    figures = json.loads(study_runs.read_text(runs[0].info.run_id, ARTIFACT))
     figures["run_id"] = runs[0].info.run_id
     return figures
 

@@ -358,7 +358,7 @@ def recorded_workload(prep) -> dict | None:
     from mlflow.exceptions import MlflowException
 
     try:
-        return json.loads(study_runs.download(prep.info.run_id, f"inputs/{WORKLOAD}").read_text())
+        return json.loads(study_runs.read_text(prep.info.run_id, f"inputs/{WORKLOAD}"))
     except (MlflowException, OSError):
         return None
 

@@ -41,9 +41,9 @@ SCORE_INPUTS = ("eval/test_tasks.jsonl", "eval/probes.jsonl", "tokenizer", "seed
 def prepared_plan(study: str) -> tuple[object, Plan]:
     """The study's prepare run and its plan, checked against the run's plan hash tag."""
     prep = study_runs.prepare_run(study)
-    path = study_runs.download(prep.info.run_id, PLAN_FILE)
+    text = study_runs.read_text(prep.info.run_id, PLAN_FILE)
     try:
-        plan = plan_from_json(Path(path).read_text(), f"{PLAN_FILE} of prepare run {prep.info.run_id}")
+        plan = plan_from_json(text, f"{PLAN_FILE} of prepare run {prep.info.run_id}")
     except PlanError as exc:
         raise StudyError(f"{exc}; the study's inputs cannot be trusted: prepare a new study") from None
     if prep.data.tags.get(PLAN_SHA) != plan.sha256():
@@ -117,7 +117,7 @@ def commitment(study: str) -> tuple[object, dict]:
         raise Refusal(f"study {study!r} is not committed: no test case is scored before every "
                         f"candidate is sealed. Run `mlflow run . -e commit --env-manager local "
                         f"-P study={study}` first")
-    return run, json.loads(study_runs.download(run.info.run_id, "commitment.json").read_text())
+    return run, json.loads(study_runs.read_text(run.info.run_id, "commitment.json"))
 
 
 def checkpoint_files(run_id: str, workdir: Path) -> list[dict]:

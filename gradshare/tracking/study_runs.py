@@ -112,19 +112,26 @@ def is_committed(study: str) -> bool:
     return bool(search(study, "commit", status="FINISHED"))
 
 
-def download(run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
-    """The run's artifact `artifact_path` under `dst` (a new temporary directory by default);
-    a path that would land outside `dst` is refused before anything is fetched."""
+def download(run_id: str, artifact_path: str, dst: str | Path) -> Path:
+    """The run's artifact `artifact_path` under `dst`, a folder the caller owns (and removes); a
+    path that would land outside `dst` is refused before anything is fetched. One file's text:
+    `read_text`, which leaves nothing behind."""
     import mlflow
 
     connection.safe_artifact_path(artifact_path)
-    dst = Path(dst or tempfile.mkdtemp(prefix="gradshare-"))
+    dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     got = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
                                                    dst_path=str(dst)))
     if not got.resolve().is_relative_to(dst.resolve()):
         raise StudyError(f"artifact {artifact_path!r} of run {run_id} landed outside {dst}: refused")
     return got
+
+
+def read_text(run_id: str, artifact_path: str) -> str:
+    """One file artifact's text, fetched into a temporary folder that is removed at once."""
+    with tempfile.TemporaryDirectory(prefix="gradshare-") as tmp:
+        return download(run_id, artifact_path, tmp).read_text()
 
 
 def study_tags(study: str, step: str, plan_sha: str, arm: str | None = None) -> dict:

@@ -111,7 +111,7 @@ def test_a_disk_without_room_for_the_checkpoint_is_refused_before_the_claim_nami
     reason = run.data.tags[FAILURE]
     assert run.data.tags[REFUSAL] == "true" and ATTEMPT not in run.data.tags, reason
     free, need = (int(x.replace(",", "")) for x in re.search(r"has ([\d,]+) bytes free.*needs ([\d,]+)", reason).groups())
-    shapes = json.loads(study_runs.download(study_runs.prepare_run(study).info.run_id, "model_shapes.json").read_text())["shapes"]
+    shapes = json.loads(study_runs.read_text(study_runs.prepare_run(study).info.run_id, "model_shapes.json"))["shapes"]
     assert need == int(sum(math.prod(s) for s in shapes) * 4 * 1.05) + 64 * 2**20  # FP32 weights and slack
     assert free <= 2**20
     assert not connection.client().get_metric_history(run.info.run_id, M.STEP_S)  # not one update

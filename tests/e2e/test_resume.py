@@ -95,7 +95,7 @@ def test_a_killed_rank_ends_the_arm_failed_with_its_last_update_and_no_process_l
         victim = 0 if arm == "single" else 1
         assert reason.startswith(f"arm {arm}: rank {victim} on host ") and "killed by SIGKILL" in reason, reason
         assert "\n" not in reason and len(reason) < 300 and "RuntimeError" not in reason, reason
-        details = study_runs.download(run.info.run_id, "failure/details.txt").read_text()
+        details = study_runs.read_text(run.info.run_id, "failure/details.txt")
         assert "SIGKILL" in details or "exitcode  : -9" in details, details[-2000:]
         # from the last logged update to the run's end: the survivors' exit, the launcher's wait
         last = max(m.timestamp for m in connection.client().get_metric_history(run.info.run_id, M.STEP_S))

@@ -126,7 +126,7 @@ def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):
         assert m[M.phase_s("updates")] == m["perf/active_s"] and m[M.phase_s("checkpoint_write")] == m["ckpt/save_s"]
         first = min(c.get_metric_history(run.info.run_id, "perf/step_s"), key=lambda x: x.step)
         assert m[M.phase_s("first_update")] == first.value
-        shapes = json.loads(study_runs.download(study_runs.prepare_run(trained_study).info.run_id, "model_shapes.json").read_text())
+        shapes = json.loads(study_runs.read_text(study_runs.prepare_run(trained_study).info.run_id, "model_shapes.json"))
         assert m[M.REPLICA_TENSORS] == len(shapes["shapes"])  # every parameter compared
 
 
