@@ -98,12 +98,12 @@ def read(workdir: Path) -> list[Beat]:
 
 def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_update_s: float) -> str | None:
     """The one-line reason where a rank stopped or every rank hung; None while all is well.
-    `hang_s`: seconds an update may take; `first_update_s`: the first one (start-up too)."""
+    `hang_s`: seconds an update may take; `first_update_s`: the first one (start-up too). The
+    last completed update is not in it: the driver adds it once, from the run's own record."""
     for b in sorted(beats, key=lambda b: b.alive_t):
         if now - b.alive_t > stall_s:
             return (f"rank {b.rank} on host {b.host} made no progress for {now - b.progress_t:.0f} s (stopped or "
-                    f"hung: its process has not run for {now - b.alive_t:.0f} s, arms.stall_s {stall_s:g}); "
-                    f"last completed update {b.update}")
+                    f"hung: its process has not run for {now - b.alive_t:.0f} s, arms.stall_s {stall_s:g})")
     if not beats or any(b.phase not in BOUNDED for b in beats):
         return None
     least = min(beats, key=lambda b: (b.update, b.progress_t))
@@ -111,5 +111,5 @@ def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_
     if all(now - b.progress_t > bound for b in beats):
         return (f"rank {least.rank} on host {least.host} made no progress for {now - least.progress_t:.0f} s "
                 f"(stopped or hung: no rank completed an update within {bound:.0f} s, arms.hang_updates x "
-                f"arms.expected_update_s); last completed update {least.update}")
+                f"arms.expected_update_s)")
     return None
