@@ -67,6 +67,11 @@ def _secondary_host(study: str, arm: str, launch: Launch) -> None:
     try:
         run_secondary_host(study, arm, launch)
     except StudyError as exc:
+        if launcher:  # the reason on this host's run too: a FAILED run never stands without one
+            try:
+                connection.client().set_tag(launcher, FAILURE, f"host {launch.machine_rank}: {exc}")
+            except Exception:  # noqa: BLE001 - the line below says it either way
+                pass
         raise SystemExit(f"[gradshare] train host {launch.machine_rank} FAILED: {exc}") from None
 
 

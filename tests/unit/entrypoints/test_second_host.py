@@ -49,3 +49,21 @@ def test_the_second_host_on_a_clock_behind_the_studys_is_refused_on_its_launcher
     reason = run.data.tags[FAILURE]
     assert reason.startswith("clock: ") and " s before the study's last record (the start of run train-dense" in reason
     assert proc.stderr.strip().splitlines()[-1] == f"[gradshare] train host 1 refused: {reason}"
+
+
+def test_the_second_hosts_failure_is_its_runs_reason(mlflow_server):
+    """Host B's workers fail (here: the arm's error as the driver raises it): its launcher run carries
+    the reason, naming the host, where it once ended FAILED with no reason tag (issue 44)."""
+    c = connection.client()
+    exp = c.create_experiment("second-host-fails")
+    launcher = c.create_run(exp).info.run_id
+    failing = HOST_B.replace("lambda *a: print('workers started')",
+                             "(lambda *a: (_ for _ in ()).throw(__import__('gradshare.contract.errors', "
+                             "fromlist=['StudyError']).StudyError('stalled: arm dense: rank 0 on host a made no "
+                             "progress for 40 s')))")
+    proc = subprocess.run([sys.executable, "-c", failing.format(study="second-host-fails")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "MLFLOW_RUN_ID": launcher})
+    assert proc.returncode == 1
+    reason = c.get_run(launcher).data.tags[FAILURE]
+    assert reason == "host 1: stalled: arm dense: rank 0 on host a made no progress for 40 s"
+    assert proc.stderr.strip().splitlines()[-1] == f"[gradshare] train host 1 FAILED: {reason[len('host 1: '):]}"
