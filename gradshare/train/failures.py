@@ -97,11 +97,18 @@ def rank_reasons(workdir: Path) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
+STOPPED_BY_AGENT = ("SIGTERM", "SIGINT", "SIGHUP")  # how torch elastic stops the ranks left when one fails
+
+
 def one_line(arm: str, rc: int, reasons: dict[int, str], exits: list[RankExit]) -> str:
     """The arm's reason: a rank that a signal killed, else a rank's own reason (one that names
-    a study limit or divergence first), else the launcher's exit code."""
+    a study limit or divergence first), else the launcher's exit code. A rank stopped with SIGTERM
+    (or SIGINT, SIGHUP) while another rank wrote a reason was stopped by the launcher because of
+    it: the reason is the cause (a store that refused the checkpoint, not "killed by SIGTERM")."""
     own = {r.rank for r in exits} & set(reasons)
     killed = [e for e in exits if e.signal_name and e.rank not in own]
+    if reasons:  # a rank the agent stopped (SIGTERM) after a peer's own error is its consequence
+        killed = [e for e in killed if e.signal_name not in STOPPED_BY_AGENT]
     if killed:
         e = killed[0]
         return (f"arm {arm}: rank {e.rank} on host {e.host} was killed by {e.signal_name} (exit code "

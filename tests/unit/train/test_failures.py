@@ -86,3 +86,18 @@ def test_of_two_ranks_with_ordinary_reasons_the_first_observed_failure_is_named(
     (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: 1}, first=0))
     assert failures.explain(tmp_path, "dense", 1)[0] == (f"arm dense: rank 0 on host {host} failed: "
                                                           f"RuntimeError: Connection closed by peer")
+
+
+def test_a_rank_the_agent_stopped_after_a_peers_own_error_is_not_the_cause(tmp_path):
+    """Rank 0 fails on its own (the store refused the checkpoint) and torch elastic stops rank 1
+    with SIGTERM: the arm's reason is the refusal, not "rank 1 ... killed by SIGTERM" (issue 44)."""
+    refused = "the artifact store refused the trained checkpoint (quota exceeded); every update is done"
+    (tmp_path / "failure.rank0.txt").write_text(refused)
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: -signal.SIGTERM}, first=1))
+    assert failures.explain(tmp_path, "dense", 1)[0] == refused
+    (tmp_path / "failure.rank0.txt").write_text("ValueError: bad shard")  # an ordinary reason: still the cause
+    assert failures.explain(tmp_path, "dense", 1)[0] == (f"arm dense: rank 0 on host {socket.getfqdn()} failed: "
+                                                          f"ValueError: bad shard")
+    # SIGKILL is no launcher's stop: the killed rank stays the cause
+    (tmp_path / WORKERS_LOG).write_text(_summary({0: 1, 1: -signal.SIGKILL}, first=1))
+    assert "was killed by SIGKILL" in failures.explain(tmp_path, "dense", 1)[0]
