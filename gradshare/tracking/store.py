@@ -146,7 +146,10 @@ def verified_checkpoints(commitment: dict, root: Path) -> dict[str, Path]:
         try:
             got = checkpoint_sha256(path)
         except CheckpointError as exc:
-            raise StudyError(f"{what} cannot be read: {exc}; refusing to score") from None
+            # the stored artifact, not this step's scratch copy of it; nothing scored: a refusal
+            stored = f"runs:/{entry['run_id']}/checkpoint"
+            raise Refusal(f"{what}, stored at {stored}, cannot be read: "
+                          f"{str(exc).replace(str(path), stored)}; refusing to score") from None
         if got != entry["checkpoint_sha256"]:
             raise StudyError(
                 f"{what} has weights that hash to {got[:16]}…, but the commitment sealed "

@@ -98,3 +98,4 @@ def test_upload_never_removes_weights_the_store_does_not_hold_byte_for_byte(mlfl
     assert (f"run {wrong}: its outbox {box_dir / wrong} keeps a trained checkpoint ({size:,} bytes) and is not "
             f"removed: the run records weights 0000000000000000…, the folder's are {right[:16]}…") in up.stdout
     assert (box_dir / wrong / "checkpoint" / "model.safetensors").is_file()
+
