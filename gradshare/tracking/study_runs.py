@@ -35,6 +35,11 @@ def existing_study(study: str):
 
     connection.check_study_name(study)
     uri = connection.connect()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        # asking MLflow would create the database (and print its migrations): a refusal creates nothing
+        raise SystemExit(f"[gradshare] no study {study!r} in {uri}: there is no store at "
+                         f"{Path(uri[len('sqlite:///'):]).resolve()}; run prepare first "
+                         f"(`gradshare prepare --study {study}`); nothing was done")
     exp = mlflow.get_experiment_by_name(study)
     if exp is None or exp.lifecycle_stage != "active":
         gone = " (its experiment is deleted)" if exp is not None else ""

@@ -76,3 +76,20 @@ def test_a_refusal_ends_killed_with_its_reason_and_no_traceback(mlflow_server):
     assert run.info.status == "KILLED" and run.data.tags[REFUSAL] == "true"
     assert run.data.tags[FAILURE] == "planted: already done" and run.data.tags["mlflow.runName"] == "refused-analyze"
     assert not connection.client().list_artifacts(run.info.run_id, "failure")
+
+
+def test_a_step_in_an_empty_folder_creates_no_store(tmp_path):
+    """No MLFLOW_TRACKING_URI and no mlflow.db here: the refusal names the store it looked for, and
+    creates neither the database nor MLflow's migration lines (issue 44: it made mlflow.db)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "entrypoints.train", "--study", "nosuchstudy", "--arm", "single"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0 and not proc.stdout
+    [line] = _lines(proc.stderr)
+    assert line == (f"[gradshare] no study 'nosuchstudy' in sqlite:///mlflow.db: there is no store at "
+                    f"{tmp_path.resolve() / 'mlflow.db'}; run prepare first (`gradshare prepare --study "
+                    f"nosuchstudy`); nothing was done"), line
+    assert not (tmp_path / "mlflow.db").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
