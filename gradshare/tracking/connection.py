@@ -7,6 +7,7 @@ package: importing it costs seconds, and the processes that only check a name or
 """
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -125,7 +126,34 @@ def connect() -> str:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     check_reachable(os.environ["MLFLOW_TRACKING_URI"])
+    check_credentials(os.environ["MLFLOW_TRACKING_URI"])
     return os.environ["MLFLOW_TRACKING_URI"]
+
+
+def check_credentials(uri: str) -> None:
+    """A server that refuses this environment's credentials (HTTP 401 or 403 to one search, with
+    MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN as MLflow's client sends them) is
+    refused in one line, before anything is asked of it: MLflow's client would end in a 29-line
+    traceback. The credentials themselves are never printed."""
+    if urlparse(uri).scheme not in ("http", "https"):
+        return
+    req = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/experiments/search?max_results=1")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        req.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    try:
+        urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S).read()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = "no credentials" if req.get_header("Authorization") is None else \
+                f"the credentials of {'user ' + repr(user) if user else 'MLFLOW_TRACKING_TOKEN'}"
+            raise SystemExit(f"[gradshare] the tracking server {uri} refused {given} (HTTP {exc.code}): set "
+                             f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account it knows; "
+                             f"nothing was done") from None
+    except (OSError, ValueError):
+        pass  # unreachable is check_reachable's to say
 
 
 def client():

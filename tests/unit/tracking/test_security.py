@@ -69,6 +69,26 @@ def test_basic_auth_refuses_the_unauthenticated_and_serves_the_authenticated(tmp
         assert _get(api) == 401
         assert _get(api, (user, "wrong-password-000000")) == 401
         assert _get(api, (user, password)) == 200
+        # a step with a wrong password: one line naming the server and the user, never the password,
+        # no traceback (MLflow's client once ended in a 29-line one, with a 401)
+        wrong = "wrong-password-000000"
+        step = run_entry("prepare", "--study", "auth-refused", check=False,
+                         env={"MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": user,
+                              "MLFLOW_TRACKING_PASSWORD": wrong})
+        assert step.returncode != 0 and "Traceback" not in step.stderr, step.stderr[-2000:]
+        [line] = [x for x in step.stderr.splitlines() if x.strip()]
+        assert line == (f"[gradshare] the tracking server {url} refused the credentials of user {user!r} (HTTP 401): "
+                        f"set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD to an account it knows; "
+                        f"nothing was done"), line
+        assert wrong not in step.stderr + step.stdout
+        assert _get(api, (user, password)) == 200  # and nothing was created: the study is not there
+        found = urllib.request.Request(url + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=auth-refused")
+        found.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+        try:
+            urllib.request.urlopen(found, timeout=10)
+            raise AssertionError("the refused step created its study")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
         # the password reached neither a command line nor the log; its config file is private
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
         assert password not in cmdline and password not in (tmp_path / "server.log").read_text()
