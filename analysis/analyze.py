@@ -51,11 +51,26 @@ def log_analysis(v: dict, out: Path) -> None:
     mlflow.log_metrics(paired_metrics(v) | verdict_metrics(v))
 
 
+def headline(v: dict) -> str:
+    """Both screens with their margins and the money, in one line: what the study's page shows
+    first, e.g. `Quality PASS (+13.6 pp; retention -0.14 nats) · Speed FAIL (0.39x single; needs
+    1.10x) · $0.07 of $100`."""
+    q, s, b = v["quality_screen"], v["speed_screen"], v["budget"]
+    checks = q.get("checks") or {}
+    quality = screen_word(q).upper()
+    if "task_gain" in checks and "retention" in checks:
+        quality += (f" ({checks['task_gain']['value_pp']:+.1f} pp; retention "
+                    f"{checks['retention']['upper_nats']:+.2f} nats)").replace("-", "\u2212")
+    speed = screen_word(s).upper()
+    if s.get("ratio") is not None:
+        speed += f" ({s['ratio']:.2f}\u00d7 {s['baseline']}; needs {s['threshold']:.2f}\u00d7)"
+    return f"Quality {quality} \u00b7 Speed {speed} \u00b7 ${b['usd']:.2f} of ${b['budget_usd']:.0f}"
+
+
 def description(v: dict) -> str:
-    """The study's page and the analyze run's description (markdown): both screens' words in the
-    heading, the verdict table beneath, where the report is."""
-    words = {name: screen_word(v[name]).upper() for name in ("quality_screen", "speed_screen")}
-    return (f"### Quality screen: {words['quality_screen']} · speed screen: {words['speed_screen']}\n\n"
+    """The study's page and the analyze run's description (markdown): both screens with their
+    margins and the money in the heading (`headline`), the verdict table beneath, where the report is."""
+    return (f"### {headline(v)}\n\n"
             f"```\n{verdict_table(v)}\n```\n\n"
             f"The whole report: the latest `analyze` run's artifacts (`report.html`, `verdicts.json`).\n")
 

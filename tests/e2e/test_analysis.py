@@ -139,8 +139,14 @@ def test_the_verdict_is_the_description_of_the_studys_page_and_of_the_analyze_ru
     v = json.loads(files["verdicts.json"].read_text())
     c = connection.client()
     words = {True: "PASS", False: "FAIL", None: "NULL"}
-    heading = (f"### Quality screen: {words[v['quality_screen']['pass']]} · "
-               f"speed screen: {words[v['speed_screen']['pass']]}")
+    q, sp, b = v["quality_screen"], v["speed_screen"], v["budget"]
+    margins = ""
+    if "task_gain" in (q.get("checks") or {}):
+        gain, upper = q["checks"]["task_gain"]["value_pp"], q["checks"]["retention"]["upper_nats"]
+        margins = f" ({'+' if gain >= 0 else '−'}{abs(gain):.1f} pp; retention {'+' if upper >= 0 else '−'}{abs(upper):.2f} nats)"
+    speed = f" ({sp['ratio']:.2f}× {sp['baseline']}; needs {sp['threshold']:.2f}×)" if sp.get("ratio") is not None else ""
+    heading = (f"### Quality {words[q['pass']]}{margins} · Speed {words[sp['pass']]}{speed} · "
+               f"${b['usd']:.2f} of ${b['budget_usd']:.0f}")
     study_page, run_page = c.get_experiment_by_name(study).tags[NOTE], c.get_run(run.info.run_id).data.tags[NOTE]
     assert study_page == run_page and study_page.startswith(heading + "\n"), study_page[:200]
     # the table this verdict makes, line for line where verdicts.json's sorted keys cannot reorder it

@@ -46,3 +46,21 @@ def test_report_html_renders_the_markdown_and_inlines_the_plots(tmp_path):
     assert "<pre><code>verdict &lt; table" in page
     assert f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"' in page
     assert "loss_curves.png" not in page
+
+
+def test_the_studys_first_line_carries_both_screens_margins_and_the_money():
+    """The headline the study's page opens with (issue 44: one collapsed line of two words once),
+    on a verdict laid out by hand: gain and retention with their signs, the speed ratio against the
+    baseline and what the screen needs, the money against the budget; an undecided screen keeps its word."""
+    from analysis.analyze import headline
+
+    v = {"quality_screen": {"pass": True, "checks": {
+            "task_gain": {"value_pp": 13.64, "threshold_pp": 10.0, "pass": True},
+            "retention": {"upper_nats": -0.1412, "threshold_nats": 0.02, "pass": True}}},
+         "speed_screen": {"pass": False, "ratio": 0.3871, "threshold": 1.1, "baseline": "single"},
+         "budget": {"usd": 0.0712, "budget_usd": 100.0}}
+    assert headline(v) == "Quality PASS (+13.6 pp; retention \u22120.14 nats) \u00b7 Speed FAIL (0.39\u00d7 single; " \
+                          "needs 1.10\u00d7) \u00b7 $0.07 of $100"
+    v["quality_screen"] = {"pass": None, "missing": {"powersgd": "FAILED"}}
+    v["speed_screen"] = {"pass": None, "baseline": "single"}
+    assert headline(v) == "Quality NULL \u00b7 Speed NULL \u00b7 $0.07 of $100"
