@@ -37,7 +37,7 @@ def _need_hosts() -> None:
 def _train_cmd(hosts, rank: int, study: str, arm: str, port: int) -> list[str]:
     from gradshare.steps.emulated import machine_rank_command
 
-    return hosts.exec(rank) + machine_rank_command(study, arm, rank, hosts.addr[0], port)
+    return hosts.host(rank) + machine_rank_command(study, arm, rank, hosts.addr[0], port)
 
 
 def up(args) -> None:

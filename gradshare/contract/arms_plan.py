@@ -116,6 +116,12 @@ class ArmsPlan:
     """Every rank alive but none completing an update for this many expected updates
     (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
 
+    link_silence_s: float = 120.0
+    """A two-host arm whose peer host sends nothing for this long while data waits for it (a link
+    down or partitioned; `gradshare.hosts.silence`) ends, "no traffic from host N"; a link that
+    returns sooner lets the arm go on, and the update bound counts again from its return. TCP
+    retries with backoff: a link down for 30 s is heard again up to ~30 s after it returns."""
+
     def hang_s(self) -> float:
         """Seconds without a completed update on any rank before the arm counts as hung: never
         shorter than `stall_s` (a plan that declares a fast update is not a hang at every pause)."""
@@ -179,6 +185,9 @@ class ArmsPlan:
         if self.stall_s <= 0 or self.hang_updates <= 0:
             out.append(f"arms.stall_s={self.stall_s:g} and arms.hang_updates={self.hang_updates:g} must be > 0 "
                        f"(the bounds within which a stopped or hung rank ends the arm)")
+        if not self.link_silence_s > 0:
+            out.append(f"arms.link_silence_s={self.link_silence_s:g} must be > 0 (how long a two-host arm's "
+                       f"link may be silent before the arm ends)")
         if self.candidate not in self.names:
             out.append(f"arms.candidate={self.candidate!r} is not an arm of arms.rows ({', '.join(self.names)})")
         out += [f"arms.controls holds {c!r}, which is not an arm of arms.rows ({', '.join(self.names)})"

@@ -3,7 +3,7 @@
     from gradshare.hosts.netns import two_hosts
     with two_hosts(rate_mbit=22) as hosts:           # root, `ip` and `tc` needed
         hosts.bridge(5000)                            # 127.0.0.1:5000 of both hosts -> this one's
-        subprocess.run(hosts.exec(0) + ["python", ...], env={**os.environ, **hosts.env})
+        subprocess.run(hosts.host(0) + ["python", ...], env={**os.environ, **hosts.env})
 
 Host i lives in namespace `hosts.ns[i]`; its one interface `gslink` carries
 `hosts.addr[i]` (198.18.0.1 and 198.18.0.2, from 198.18.0.0/15, the range set aside for
@@ -105,8 +105,19 @@ class TwoHosts:
         return {"GLOO_SOCKET_IFNAME": IFNAME}
 
     def exec(self, i: int) -> list[str]:
-        """Prefix that runs a command on host i."""
+        """Prefix that runs a command in host i's network (`ip`, `tc`, `ss`)."""
         return ["ip", "netns", "exec", self.ns[i]]
+
+    def name(self, i: int) -> str:
+        """Host i's host name: two real hosts never share one, and a line naming a rank's host must
+        tell the two apart."""
+        return f"emulated-host-{i}"
+
+    def host(self, i: int) -> list[str]:
+        """Prefix that runs a program as host i: in its network and under its own host name
+        (`name`, in a UTS namespace of its own), as a step started on a real host runs."""
+        return self.exec(i) + ["unshare", "--uts", "sh", "-c",
+                               'echo "$0" > /proc/sys/kernel/hostname && exec "$@"', self.name(i)]
 
     def counters(self, i: int) -> tuple[int, int]:
         """(rx, tx) bytes of host i's link interface."""

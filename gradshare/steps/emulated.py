@@ -133,11 +133,12 @@ def _host_env(**extra: str) -> dict[str, str]:
 
 
 def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flow_mbit: float, timeout_s: float,
-                  before_host_1=None) -> int | None:
+                  before_host_1=None, meanwhile=None) -> int | None:
     """`command(rank, addr0)` as machine rank 0 on host 0 and 1 on host 1 over a fresh link, torn
     down afterwards (on failure and interrupt too); host 0's exit code, None where it passed
     `timeout_s`. `before_host_1(host 0's process)` waits for what host 1 needs; where host 0 has
-    ended by then, host 1 never starts."""
+    ended by then, host 1 never starts. `meanwhile(hosts)`, once both hosts run, on a thread of
+    its own (a fault injected into the link: its tests)."""
     uri = urlparse(env["MLFLOW_TRACKING_URI"])
     with netns.two_hosts(rate_mbit, flow_mbit=flow_mbit) as hosts:
         if uri.scheme in ("http", "https"):
@@ -149,12 +150,14 @@ def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flo
                 before_host_1(procs[0])
                 if procs[0].poll() is not None:
                     break  # host 0 ended (refused, failed): nothing for host 1 to join
-            p = subprocess.Popen(hosts.exec(rank) + command(rank, hosts.addr[0]),
+            p = subprocess.Popen(hosts.host(rank) + command(rank, hosts.addr[0]),
                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             t = threading.Thread(target=_pump, args=(p.stdout, f"[host {rank}] "), daemon=True)
             t.start()
             procs.append(p)
             pumps.append(t)
+        if meanwhile is not None and len(procs) == 2:
+            threading.Thread(target=meanwhile, args=(hosts,), daemon=True).start()
         try:
             rc0 = procs[0].wait(timeout=timeout_s)
             try:
@@ -191,15 +194,16 @@ def run_preflight_across(study: str, rate_mbit: float, timeout_s: float, flow_mb
     return -1 if rc0 is None else rc0
 
 
-def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0) -> bool:
+def run_arm_across(study: str, arm: str, rate_mbit: float, timeout_s: float, flow_mbit: float = 0.0,
+                   meanwhile=None) -> bool:
     """Machine rank 0 on host 0 and machine rank 1 on host 1 over a fresh link, torn down
     afterwards (on failure and interrupt too). True when machine rank 0 ended well: its
     MLflow run holds the arm's outcome either way. `flow_mbit` > 0: each TCP flow capped too.
     Host 1 starts once host 0's run holds the arm (its claim decided): a refused arm never leaves
     host 1 waiting at the rendezvous, and host 0's orphan sweep never meets host 1's launcher run
-    before that run is tagged as alive."""
+    before that run is tagged as alive. `meanwhile(hosts)` runs beside the arm (see `_on_two_hosts`)."""
     env = _host_env(**{LINK_ENV: describe_emulated(rate_mbit), RATE_ENV: f"{rate_mbit:g}"})
     rc0 = _on_two_hosts(f"arm {arm}", lambda rank, addr0: machine_rank_command(study, arm, rank, addr0), env,
-                        rate_mbit, flow_mbit, timeout_s, before_host_1=lambda p0: _wait_for_claim(study, arm, p0,
-                                                                                                  timeout_s))
+                        rate_mbit, flow_mbit, timeout_s, meanwhile=meanwhile,
+                        before_host_1=lambda p0: _wait_for_claim(study, arm, p0, timeout_s))
     return rc0 == 0

@@ -44,7 +44,7 @@ from gradshare.contract.tags import (
     STUDY,
 )
 from gradshare.cost import limits, measured
-from gradshare.hosts import sockets
+from gradshare.hosts import silence, sockets
 from gradshare.tracking import claims, connection, outbox, store, study_runs
 from gradshare.tracking.outbox import Outbox
 from gradshare.train import env as env_names
@@ -202,7 +202,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
     follow = _Follower(log_path)
     stalled = None
     try:
-        rc = _watch(plan, arm, proc, workdir, limit)
+        rc = _watch(plan, arm, proc, workdir, limit, launch)
     except StudyError as exc:  # stalled or timed out: every process stopped; how far the arm got
         rc, stalled = None, exc
     finally:  # an interrupt or error in this process must not leave ranks behind, orphans included
@@ -244,18 +244,30 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         raise StudyError(reason)
 
 
-WATCH_EVERY_S = 2.0  # how often the launcher, the orphans and the heartbeats are looked at
+WATCH_EVERY_S = 2.0  # how often the launcher, the orphans, the heartbeats and the link are looked at
+# A peer host unheard for this long while data waits for it counts as silent (`hosts.silence`): a
+# flowing exchange is acknowledged within milliseconds, a slow one within a round trip.
+SILENT_AFTER_S = 3.0
 
 
-def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: float) -> int:
+def peer_name(launch: Launch) -> str:
+    """The other host of a two-host arm, as the README numbers them (by machine rank)."""
+    return f"host {1 - launch.machine_rank}" if launch.num_machines == 2 else "another host"
+
+
+def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: float,
+           launch: Launch = Launch()) -> int:
     """The launcher's exit code, once it and every worker it started have ended. Meanwhile each
     rank's heartbeat (`heartbeat.stalled`): a rank stopped or hung ends the arm within
     `arms.stall_s` / `arms.hang_updates` x `arms.expected_update_s`, named; the arm's time limit
     stays the outer bound. A launcher killed mid-arm leaves its workers running: they are
-    watched the same way until they end, and the arm completes (README, "Faults")."""
+    watched the same way until they end, and the arm completes (README, "Faults"). Across hosts,
+    the link too (`hosts.silence`): a peer host silent past `arms.link_silence_s` ends the arm,
+    "no traffic from host N"; one heard again sooner lets it go on, the update bound counting
+    from the link's return."""
     a = plan.arms
     deadline = time.monotonic() + limit
-    rc = None
+    rc, heard_t, silent_since = None, 0.0, None
     while True:
         if rc is None:
             try:
@@ -267,10 +279,32 @@ def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: f
                 pass
         else:
             time.sleep(WATCH_EVERY_S)
-        if rc is not None and not workers(workdir, proc.pid):
+        running = workers(workdir, proc.pid)
+        if rc is not None and not running:
             return rc
-        why = heartbeat.stalled(heartbeat.read(workdir), time.time(), a.stall_s, a.hang_s(),
-                                a.expected_startup_s + a.hang_s())
+        now = time.time()
+        if launch.num_machines > 1:
+            quiet = silence.read({p.pid for p in running})
+            if quiet is not None and quiet.seconds >= SILENT_AFTER_S:
+                heard_t = now
+                if silent_since is None:
+                    silent_since = quiet
+                    print(f"[gradshare] arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
+                          f"{quiet.seconds:.0f} s while data waits for it: the arm waits up to arms.link_silence_s "
+                          f"{a.link_silence_s:g} s for the link", file=sys.stderr, flush=True)
+                if quiet.seconds > a.link_silence_s:
+                    _stop_all(proc, workdir)
+                    raise StudyError(
+                        f"no traffic: arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
+                        f"{quiet.seconds:.0f} s while this host's ranks wait on it (arms.link_silence_s "
+                        f"{a.link_silence_s:g}): the link is down or partitioned; every process of the arm "
+                        f"on this host was stopped")
+            elif silent_since is not None:
+                print(f"[gradshare] arm {arm}: {peer_name(launch)} ({silent_since.addr}) is heard again: the arm "
+                      f"goes on", file=sys.stderr, flush=True)
+                silent_since = None
+        why = heartbeat.stalled(heartbeat.read(workdir), now, a.stall_s, a.hang_s(),
+                                a.expected_startup_s + a.hang_s(), heard_t)
         if why:
             _stop_all(proc, workdir)
             raise StudyError(f"stalled: arm {arm}: {why}; every process of the arm was stopped")

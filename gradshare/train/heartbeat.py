@@ -17,7 +17,9 @@ for X s (stopped or hung)". Where every rank is alive but none completed an upda
 `arms.hang_updates` x `arms.expected_update_s` (the first update also gets
 `arms.expected_startup_s`: compiling, capturing), the rank that progressed least is named the
 same way. A peer on another host that stops shows here as no progress: its host's own train
-step names it.
+step names it. A link that goes silent (`gradshare.hosts.silence`: data waits for the other host,
+nothing comes back) is the driver's to bound (`arms.link_silence_s`); once it is heard again, the
+update bound counts from then.
 """
 from __future__ import annotations
 
@@ -96,10 +98,13 @@ def read(workdir: Path) -> list[Beat]:
     return out
 
 
-def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_update_s: float) -> str | None:
+def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_update_s: float,
+            heard_t: float = 0.0) -> str | None:
     """The one-line reason where a rank stopped or every rank hung; None while all is well.
-    `hang_s`: seconds an update may take; `first_update_s`: the first one (start-up too). The
-    last completed update is not in it: the driver adds it once, from the run's own record."""
+    `hang_s`: seconds an update may take; `first_update_s`: the first one (start-up too);
+    `heard_t`: when the arm's link was last silent (`hosts.silence`): an update waiting on a link
+    that was down counts from the link's return, not from the last update. The last completed
+    update is not in the reason: the driver adds it once, from the run's own record."""
     for b in sorted(beats, key=lambda b: b.alive_t):
         if now - b.alive_t > stall_s:
             return (f"rank {b.rank} on host {b.host} made no progress for {now - b.progress_t:.0f} s (stopped or "
@@ -108,7 +113,7 @@ def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_
         return None
     least = min(beats, key=lambda b: (b.update, b.progress_t))
     bound = first_update_s if least.phase == "start-up" else hang_s
-    if all(now - b.progress_t > bound for b in beats):
+    if now - heard_t > bound and all(now - b.progress_t > bound for b in beats):
         return (f"rank {least.rank} on host {least.host} made no progress for {now - least.progress_t:.0f} s "
                 f"(stopped or hung: no rank completed an update within {bound:.0f} s, arms.hang_updates x "
                 f"arms.expected_update_s)")

@@ -42,6 +42,21 @@ def test_the_link_runs_at_the_plans_rate_in_each_direction(hosts):
 
 
 @needs_hosts
+def test_each_host_runs_its_programs_under_its_own_host_name_and_address(hosts):
+    """Two real hosts never share a name: a line naming a rank's host must tell them apart (the
+    emulated pair once both read `vm`, this machine's name)."""
+    seen = []
+    for i in (0, 1):
+        out = subprocess.run(hosts.host(i) + [sys.executable, "-c", "import socket; print(socket.gethostname())"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        addrs = subprocess.run(hosts.host(i) + ["ip", "-4", "-o", "addr", "show", netns.IFNAME],
+                               capture_output=True, text=True, check=True).stdout
+        assert out == hosts.name(i) and hosts.addr[i] in addrs
+        seen.append(out)
+    assert seen[0] != seen[1] and socket.gethostname() not in seen  # this machine keeps its own
+
+
+@needs_hosts
 def test_a_stream_that_fails_raises_with_its_reason_and_never_reads_as_a_rate(hosts):
     """One of four streams cannot leave: its source port is taken on the sending host. Before,
     the thread's exception was lost and the three streams that finished made the rate."""

@@ -69,6 +69,17 @@ def test_alive_ranks_that_complete_no_update_are_named_after_the_update_bound():
     assert "within 100 s" in stalled([_beat(0, 0, 101, phase="start-up")], now, 30, 20, 100)
 
 
+def test_after_a_silent_link_the_update_bound_counts_from_the_links_return():
+    now = 1000.0
+    waited = [_beat(0, 2, 70), _beat(1, 2, 70)]  # no update for 70 s: the link was down for 60 of them
+    assert stalled(waited, now, stall_s=30, hang_s=20, first_update_s=100, heard_t=now - 19) is None
+    why = stalled(waited, now, stall_s=30, hang_s=20, first_update_s=100, heard_t=now - 21)
+    assert why.startswith("rank 0 on host h made no progress for 70 s") and "within 20 s" in why
+    # a rank whose process stopped is named whatever the link did
+    frozen = [_beat(0, 2, 70, alive_ago=31), _beat(1, 2, 70)]
+    assert stalled(frozen, now, stall_s=30, hang_s=20, first_update_s=100, heard_t=now).startswith("rank 0")
+
+
 def test_a_save_or_the_finish_counts_only_liveness():
     now = 1000.0
     saving = [_beat(0, 5, 500, phase="full state"), _beat(1, 5, 500)]
@@ -94,4 +105,5 @@ def test_the_arms_watch_asks_the_heartbeat_with_the_plans_own_bounds(tmp_path, m
     monkeypatch.setattr(driver, "WATCH_EVERY_S", 0.05)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     assert driver._watch(plan, "dense", proc, tmp_path, limit=60) == 0
-    assert asked and set(asked) == {(12.0, 30.0, 80.0)}  # stall_s, 10 x 3 s, 50 s + 30 s
+    # stall_s, 10 x 3 s, 50 s + 30 s; one host: no link to hear from, the update bound counts from the update
+    assert asked and set(asked) == {(12.0, 30.0, 80.0, 0.0)}
