@@ -17,6 +17,7 @@ PLAN_SHA = PREFIX + "plan_sha256"
 FAILURE = PREFIX + "failure_reason"  # the one-line reason of a FAILED or refused (KILLED) run
 REFUSAL = PREFIX + "refusal"  # "true": refused before any work, no attempt of anything
 ATTEMPT = PREFIX + "attempt"  # a train run's attempt number for its arm
+INTERRUPTED = PREFIX + "interrupted"  # "true": stopped from outside (SIGTERM, Ctrl-C); KILLED, no attempt used
 CLAIM = PREFIX + "claim"  # the arm's claim that this run holds
 RESUMED = PREFIX + "resumed_from_update"  # the updates a run was resumed after, comma-separated
 RESUMED_RUN = PREFIX + "resumed_run"  # on a launcher's run: the train run it resumed
@@ -25,6 +26,7 @@ RESUMED_FULL_STATE_BYTES = PREFIX + "resumed_full_state_bytes"
 # what it holds, by hash
 CKPT_SHA = PREFIX + "checkpoint_sha256"  # the trained weights' content
 COMMITTED = PREFIX + "committed"
+COMMITMENT_VOID = PREFIX + "commitment_void"  # "true": a commit run that died holding a commitment.json
 INPUTS_SHA = PREFIX + "inputs_sha256"  # prepare's: every input of the study
 INPUT_SHA = PREFIX + "sha256"  # on one logged input dataset
 SCHEDULE_SHA = PREFIX + "schedule_sha256"  # a train run's: the updates it trained, in order

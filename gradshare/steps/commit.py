@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gradshare.contract import metrics as M
 from gradshare.contract.tags import (
+    ATTEMPT,
     CKPT_SHA,
     COMMITTED,
     FAILURE,
@@ -27,6 +28,8 @@ from gradshare.contract.tags import (
     RESUMED,
 )
 from gradshare.tracking import claims, connection, store, study_runs
+from gradshare.tracking.orphans import COMMITMENT_FILE
+from gradshare.train import faults
 
 
 def arm_entry(study: str, arm: str, plan_sha: str, prefix: list[claims.Entry]) -> dict:
@@ -76,9 +79,14 @@ def _unavailable_run(study: str, arm: str, plan_sha: str, reason: str) -> str:
 
     c = connection.client()
     exp = mlflow.get_experiment_by_name(study)
+    name = f"train-{arm}-unavailable"
+    # one per arm: a commit run again after one that died (its commitment void) reuses it
+    for run in study_runs.search(study, "train", arm, status="FAILED"):
+        if run.data.tags.get("mlflow.runName") == name and ATTEMPT not in run.data.tags:
+            return run.info.run_id
     tags = study_runs.study_tags(study, "train", plan_sha, arm) | {
         FAILURE: reason,
-        "mlflow.runName": f"train-{arm}-unavailable"}
+        "mlflow.runName": name}
     run = c.create_run(exp.experiment_id, tags=tags)
     c.set_terminated(run.info.run_id, "FAILED")
     return run.info.run_id
@@ -99,7 +107,8 @@ def commit_study(study: str, own_run_id: str) -> dict:
     if note := plan.rehearsal_note:  # sealed with the arms: nobody takes a rehearsal for the study
         commitment["rehearsal"] = note
         mlflow.set_tag(REHEARSAL, note)
-    mlflow.log_dict(commitment, "commitment.json")
+    mlflow.log_dict(commitment, COMMITMENT_FILE)
+    faults.after_commitment()  # a fault switch of the tests: killed here, holding the file
     mlflow.set_tag(COMMITTED, "true")
     mlflow.MlflowClient().set_experiment_tag(mlflow.get_experiment_by_name(study).experiment_id,
                                              COMMITTED, own_run_id)

@@ -18,7 +18,9 @@ through `TwoHosts.bridge`. A server anywhere else cannot be reached from the nam
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -132,6 +134,29 @@ def _host_env(**extra: str) -> dict[str, str]:
     return {**inherited, "PYTHONUNBUFFERED": "1", **absolute_tracking_env(), **extra}
 
 
+# After an interrupt, how long each host's step may take to stop its processes and end its run
+# (the train step's own grace for its ranks is 10 s) before the hosts are torn down.
+STOP_WAIT_S = 60
+
+
+def _wait_or_pass_on_a_stop(procs: list[subprocess.Popen], timeout_s: float) -> int:
+    """Host 0's exit code; an interrupt of this process (SIGTERM, Ctrl-C) is passed on to each
+    host's step as SIGTERM, and each is waited for (`STOP_WAIT_S`) so that its run ends KILLED
+    "interrupted" before the hosts are torn down; then the interrupt goes on."""
+    try:
+        return procs[0].wait(timeout=timeout_s)
+    except KeyboardInterrupt:
+        print("[gradshare] interrupted: stopping the step on each host (SIGTERM)", flush=True)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        raise
+
+
 def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flow_mbit: float, timeout_s: float,
                   before_host_1=None, meanwhile=None) -> int | None:
     """`command(rank, addr0)` as machine rank 0 on host 0 and 1 on host 1 over a fresh link, torn
@@ -159,7 +184,7 @@ def _on_two_hosts(what: str, command, env: dict[str, str], rate_mbit: float, flo
         if meanwhile is not None and len(procs) == 2:
             threading.Thread(target=meanwhile, args=(hosts,), daemon=True).start()
         try:
-            rc0 = procs[0].wait(timeout=timeout_s)
+            rc0 = _wait_or_pass_on_a_stop(procs, timeout_s)
             try:
                 if len(procs) > 1:
                     procs[1].wait(timeout=SECONDARY_GRACE_S)

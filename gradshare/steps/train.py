@@ -12,7 +12,7 @@ import os
 
 from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal, StudyError
-from gradshare.contract.tags import FAILURE, REFUSAL, RESUMED_RUN, RUN_NAME, STEP, STUDY
+from gradshare.contract.tags import FAILURE, INTERRUPTED, REFUSAL, RESUMED_RUN, RUN_NAME, STEP, STUDY
 from gradshare.tracking import clock, connection, study_runs
 from gradshare.tracking.orphans import process_tags
 from gradshare.train.driver import Launch, check_resume, run_arm, run_secondary_host
@@ -66,6 +66,30 @@ def _secondary_host(study: str, arm: str, launch: Launch) -> None:
         raise SystemExit(f"[gradshare] train host {launch.machine_rank} refused: {exc}") from None
     try:
         run_secondary_host(study, arm, launch)
+    except KeyboardInterrupt as exc:  # stopped from outside: this host's run says so, KILLED
+        reason = f"host {launch.machine_rank}: interrupted: {' '.join(str(exc).split()) or 'stopped by the user'}"
+        if launcher:
+            try:
+                c = connection.client()
+                c.set_tag(launcher, FAILURE, reason)
+                c.set_tag(launcher, INTERRUPTED, "true")
+                connection.mlflow_run_keeps_the_steps_end()
+                c.set_terminated(launcher, "KILLED")
+            except Exception:  # noqa: BLE001 - the line below says it either way
+                pass
+        raise SystemExit(f"[gradshare] train host {launch.machine_rank} {reason}") from None
+    except Refusal as exc:  # the machine's fault (a link too slow, a workdir changed): no attempt used
+        if launcher:
+            try:
+                c = connection.client()
+                for key, value in {FAILURE: f"host {launch.machine_rank}: {exc}", REFUSAL: "true",
+                                   RUN_NAME: f"refused-{name}"}.items():
+                    c.set_tag(launcher, key, value)
+                connection.mlflow_run_keeps_the_steps_end()
+                c.set_terminated(launcher, "KILLED")
+            except Exception:  # noqa: BLE001 - the line below says it either way
+                pass
+        raise SystemExit(f"[gradshare] train host {launch.machine_rank} refused: {exc}") from None
     except StudyError as exc:
         if launcher:  # the reason on this host's run too: a FAILED run never stands without one
             try:

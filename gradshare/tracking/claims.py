@@ -17,7 +17,8 @@ proceeds; the other sees it and refuses naming its run. A train that claims afte
 commit (finished, or still running) refuses; a commit that finds a train still running
 before it refuses. A live entry is one whose run is RUNNING or FINISHED; a run that was
 refused (KILLED, tagged `gradshare.refusal`) or failed no longer holds anything, and a refusal
-is never an attempt, whatever its status. The ledger is visible in the UI as the
+is never an attempt, whatever its status. A train run stopped from outside (KILLED, tagged
+`gradshare.interrupted`) keeps its attempt number but uses none of `arms.max_attempts`. The ledger is visible in the UI as the
 prepare run's `claim.*` parameters, in order.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from gradshare.contract.errors import Refusal, StudyError
-from gradshare.contract.tags import ATTEMPT, FAILURE, REFUSAL
+from gradshare.contract.tags import ATTEMPT, FAILURE, INTERRUPTED, REFUSAL
 from gradshare.tracking import connection
 
 
@@ -44,6 +45,7 @@ class Entry:
     refusal: bool  # the run was refused (it ends KILLED): it is no attempt and holds nothing
     reason: str | None = None
     attempted: bool = False  # the run was told it may start (tag gradshare.attempt)
+    interrupted: bool = False  # stopped from outside (KILLED, tag gradshare.interrupted): used no attempt
 
     @property
     def live(self) -> bool:
@@ -120,7 +122,8 @@ def entries(prep_run_id: str, before: int | None = None) -> list[Entry]:
                 raise  # a store that could not answer says nothing about the claim: never read as absent
             status, tags = "MISSING", {}
         out.append(Entry(index, step, None if arm == "-" else arm, run_id, status,
-                         tags.get(REFUSAL) == "true", tags.get(FAILURE), ATTEMPT in tags))
+                         tags.get(REFUSAL) == "true", tags.get(FAILURE), ATTEMPT in tags,
+                         tags.get(INTERRUPTED) == "true"))
     return out
 
 
@@ -145,8 +148,12 @@ def decide_train(prefix: list[Entry], arm: str, max_attempts: int) -> int:
         raise Refusal(f"arm {r.arm} is running (run {r.run_id}); arms run one after another, never "
                         f"overlapping: wait for it, or end it (a stale RUNNING run blocks every arm)")
     earlier = [e for e in prefix if e.attempt and e.arm == arm]
-    if len(earlier) >= max_attempts:
-        listed = ", ".join(f"attempt {i} run {e.run_id} {e.status}" for i, e in enumerate(earlier, 1))
+    # an attempt stopped from outside (interrupted) stays numbered and listed, but uses none of
+    # the plan's attempts: the study continues where it stopped
+    used = [e for e in earlier if not e.interrupted]
+    if len(used) >= max_attempts:
+        listed = ", ".join(f"attempt {i} run {e.run_id} {e.status}" for i, e in enumerate(earlier, 1)
+                           if not e.interrupted)
         raise Refusal(f"arm {arm} has used its {max_attempts} attempt(s) allowed by arms.max_attempts "
                         f"({listed}); nothing is re-run behind the plan")
     return len(earlier) + 1

@@ -11,11 +11,13 @@ import base64
 import os
 import re
 import signal
+import sys
+import threading
 import urllib.error
 import urllib.request
 from urllib.parse import urlparse
 
-from gradshare.contract.errors import StudyError
+from gradshare.contract.errors import Interrupted, StudyError
 
 
 REQUEST_TIMEOUT_S = 10
@@ -72,11 +74,23 @@ def mlflow_run_keeps_the_steps_end() -> None:
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM ends a step as Ctrl-C does (an exception, so its run is ended FAILED with the
-    reason and its processes are stopped), instead of killing it with its run left RUNNING."""
+    """SIGTERM ends a step as Ctrl-C does (`Interrupted`, an exception: its run is ended KILLED
+    "interrupted" with the reason and its processes are stopped), instead of killing it with its
+    run left RUNNING. Once: a second SIGTERM while the step stops (a user's impatience, a
+    launcher passing its own stop on) is said and ignored, so the step's clean-up is never cut
+    short half-way (it once ended prepare in a FileNotFoundError)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    stopping = []
 
     def handler(signum, _frame):
-        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+        name = signal.Signals(signum).name
+        if stopping:
+            print(f"[gradshare] {name} again: already stopping, the step ends its run first", file=sys.stderr,
+                  flush=True)
+            return
+        stopping.append(name)
+        raise Interrupted(f"stopped by signal {name}")
 
     signal.signal(signal.SIGTERM, handler)
 

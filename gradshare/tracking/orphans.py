@@ -15,7 +15,9 @@ study first sweeps the study's experiment (`sweep(study)`, called by `tracking.s
   - a run whose process lives on another host is left alone: its liveness cannot be
     read from here (that host's next step sweeps it).
 
-An orphaned run ends FAILED with `gradshare.failure_reason` = `orphaned: <what it was>`.
+An orphaned run ends FAILED with `gradshare.failure_reason` = `orphaned: <what it was>`. A
+commit run orphaned after it wrote its `commitment.json` is also tagged
+`gradshare.commitment_void=true`, its reason saying the file seals nothing.
 """
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ import os
 import shutil
 import time
 
-from gradshare.contract.tags import ARM, FAILURE, HOST_ID, PID, PID_STARTED, STEP
+from gradshare.contract.tags import ARM, COMMITMENT_VOID, FAILURE, HOST_ID, PID, PID_STARTED, STEP
 from gradshare.hosts.metering import host_identity
 from gradshare.tracking import connection
 from gradshare.util.scratch import start_ticks  # unlike a wall-clock start, it does not move when the clock is stepped
 
 GRACE_ENV = "GRADSHARE_STALE_GRACE_S"
 DEFAULT_GRACE_S = 120.0
+COMMITMENT_FILE = "commitment.json"  # what a commit run seals the study with (`steps.commit`)
 BUILD_GRACE_S = 3600.0  # a launcher building a conda/virtualenv environment tags its run late
 
 
@@ -91,6 +94,10 @@ def _why(run, alive: bool | None) -> str | None:
     return None
 
 
+def _holds_commitment(run_id: str) -> bool:
+    return any(f.path == COMMITMENT_FILE for f in connection.client().list_artifacts(run_id))
+
+
 def sweep(experiment_id: str, keep: set[str] = frozenset(), log=print) -> list[str]:
     """End the experiment's orphaned RUNNING runs as FAILED; returns their run ids."""
     c = connection.client()
@@ -102,6 +109,12 @@ def sweep(experiment_id: str, keep: set[str] = frozenset(), log=print) -> list[s
         if why is None:
             continue
         reason = f"orphaned: {_what(run)}; {why}"
+        if run.data.tags.get(STEP) == "commit" and _holds_commitment(run.info.run_id):
+            # a commit killed after writing its commitment.json: the file stays (nothing is deleted),
+            # but it seals nothing; the ledger lets the next commit seal the study
+            reason += ("; its commitment.json is void: the commit did not finish, and the study's next "
+                       "commit seals it")
+            c.set_tag(run.info.run_id, COMMITMENT_VOID, "true")
         c.set_tag(run.info.run_id, FAILURE, reason)
         c.set_terminated(run.info.run_id, "FAILED")
         log(f"[gradshare] ended a stale run FAILED: {reason}")

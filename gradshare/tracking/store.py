@@ -24,6 +24,7 @@ from gradshare.contract.plan import (
 )
 from gradshare.contract.tags import INPUTS_SHA, PLAN_SHA
 from gradshare.tracking import connection, study_runs
+from gradshare.tracking.orphans import COMMITMENT_FILE
 from gradshare.util.hashing import (
     CheckpointError,
     checkpoint_sha256,
@@ -117,7 +118,7 @@ def commitment(study: str) -> tuple[object, dict]:
         raise Refusal(f"study {study!r} is not committed: no test case is scored before every "
                         f"candidate is sealed. Run `mlflow run . -e commit --env-manager local "
                         f"-P study={study}` first")
-    return run, json.loads(study_runs.read_text(run.info.run_id, "commitment.json"))
+    return run, json.loads(study_runs.read_text(run.info.run_id, COMMITMENT_FILE))
 
 
 def checkpoint_files(run_id: str, workdir: Path) -> list[dict]:

@@ -19,6 +19,7 @@ from gradshare.contract.tags import (
     ARM,
     EXPERIMENT_KIND,
     FAILURE,
+    INTERRUPTED,
     PLAN_SHA,
     REFUSAL,
     RUN_NAME,
@@ -152,9 +153,10 @@ TRACEBACK = "failure/traceback.txt"  # an unexpected error's traceback, on the r
 @contextlib.contextmanager
 def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
               run_name: str | None = None, system_metrics: bool = False, create: bool = False):
-    """An MLflow run of the study that ends FINISHED; FAILED with a one-line reason; or, where
-    the step was refused (`Refusal`), KILLED with the reason and `gradshare.refusal=true`, so
-    that the UI tells a refusal from a failure at a glance.
+    """An MLflow run of the study that ends FINISHED; FAILED with a one-line reason; where the
+    step was refused (`Refusal`), KILLED with the reason and `gradshare.refusal=true`, so that the
+    UI tells a refusal from a failure at a glance; where it was stopped from outside (SIGTERM,
+    Ctrl-C), KILLED with `interrupted: ...` and `gradshare.interrupted=true`.
 
     The study must exist (`create=False`: a step on an unknown study is refused before any run,
     `existing_study`). Reuses the run that `mlflow run` made (MLFLOW_RUN_ID) when it belongs to
@@ -165,6 +167,7 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
     """
     import mlflow
 
+    connection.stop_on_sigterm()  # SIGTERM ends the step as Ctrl-C does: its run KILLED, "interrupted"
     exp_id = setup(study, create=create)
     # Taken out of the environment: a later start_run(nested=True) would otherwise resume
     # this run instead of creating a child.
@@ -189,7 +192,7 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         status = "FINISHED"
     except BaseException as exc:  # KeyboardInterrupt too: a stopped run is FAILED, never RUNNING
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (`stop_on_sigterm`) with its words
-            reason = " ".join(str(exc).split()) or "stopped by the user (interrupt)"
+            reason = "interrupted: " + (" ".join(str(exc).split()) or "stopped by the user (interrupt)")
         elif (not isinstance(exc, (StudyError, outbox.ServerLost))  # those say it themselves
               and (gone := connection.unreachable()) is not None):
             # the server went away under the step: say so, not the request that happened to fail
@@ -200,8 +203,11 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         if isinstance(exc, Refusal):  # nothing was attempted: KILLED, MLflow's other terminal status
             status = "KILLED"
             end_tags |= {REFUSAL: "true", RUN_NAME: f"refused-{step}" + (f"-{arm}" if arm else "")}
-        said = (f"[gradshare] {step}{f' {arm}' if arm else ''} "
-                f"{'refused' if status == 'KILLED' else 'FAILED'}: {reason}")
+        elif isinstance(exc, KeyboardInterrupt):  # stopped from outside: KILLED, no attempt used (`claims`)
+            status = "KILLED"
+            end_tags |= {INTERRUPTED: "true"}
+        word = "FAILED" if status == "FAILED" else "refused" if REFUSAL in end_tags else "interrupted"
+        said = f"[gradshare] {step}{f' {arm}' if arm else ''} {word}: {reason}"
         print(said, file=sys.stderr, flush=True)
         if not isinstance(exc, StudyError) and not lost:  # a user's error or a lost server needs none
             texts[TRACEBACK] = traceback.format_exc()

@@ -53,6 +53,7 @@ from gradshare.train import workdir as workdir_files
 from gradshare.train.env import LINK_ENV, RATE_ENV
 from gradshare.train.fullstate import MANIFEST
 from gradshare.train.launch import launch_problem
+from gradshare.train.link_check import LINK_REFUSAL
 
 
 # The module each rank runs (named from this package's own, so no module path is spelled out).
@@ -228,7 +229,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         raise StudyError(f"{stalled}{last}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
-        if reason.startswith(workdir_files.WORKDIR_CHANGED):  # the machine's fault: no attempt used
+        if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
             if run_id:
                 _keep_text(plan, run_id, details, "failure/details.txt")
             raise Refusal(reason)

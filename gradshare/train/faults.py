@@ -25,6 +25,8 @@
     GRADSHARE_INJECT_CORRUPT=FILE every rank overwrites FILE of the arm's working directory (e.g.
                                   plan.json) as it starts, after the train step verified it: a
                                   refusal naming the file, no attempt used
+    GRADSHARE_INJECT_KILL_AFTER_COMMITMENT=1  the commit step kills itself (SIGKILL) once its
+                                  commitment.json is stored: the next step voids it
 
 Unset or empty: no fault. The training loop calls `update_start` and `loss` each update.
 """
@@ -49,6 +51,7 @@ KILL_AGENT_ENV = "GRADSHARE_INJECT_KILL_AGENT_AT"
 KILL_AFTER_CKPT_ENV = "GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT"
 CORRUPT_ENV = "GRADSHARE_INJECT_CORRUPT"
 STOP_AFTER_RESULT_ENV = "GRADSHARE_INJECT_STOP_AFTER_RESULT"
+KILL_AFTER_COMMITMENT_ENV = "GRADSHARE_INJECT_KILL_AFTER_COMMITMENT"
 RESULT_WAIT_S = 120.0  # how long a rank other than 0 waits for rank 0's result before it stops
 
 
@@ -177,3 +180,9 @@ def from_env(env=None) -> Faults:
     return Faults(nan_at, hang_at, hang_rank, slow_s, kill_at, kill_rank, launcher, perturb_rank, stop_at, stop_rank,
                   kill_agent_at, kill_after_checkpoint_rank, env.get(CORRUPT_ENV, "").strip(),
                   stop_after_result_rank)
+
+
+def after_commitment() -> None:
+    """The commit step, its commitment.json stored: killed here where the switch asks for it."""
+    if os.environ.get(KILL_AFTER_COMMITMENT_ENV):
+        os.kill(os.getpid(), signal.SIGKILL)

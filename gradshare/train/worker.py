@@ -42,6 +42,7 @@ from gradshare.tracking.outbox import Outbox, ServerLost
 from gradshare.train import env, fullstate, heartbeat, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
+from gradshare.train.link_check import LinkTooSlow, check_link
 from gradshare.train.loop import FullStatePolicy, LimitStop, train
 from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 from gradshare.train.replicas import ReplicaMismatch, check_agree
@@ -136,6 +137,8 @@ def _train(r: _Rank):
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         # a model's own tokenizer with our chat markers added: room for them in the embedding
         model.resize_token_embeddings(len(tokenizer))
+    # across hosts: a link that could not carry the arm is a refusal before any update (no attempt used)
+    check_link(plan, r.arm, [tuple(p.shape) for p in model.parameters()], r.device, r.world, r.log)
     schedule = json.loads((workdir / workdir_files.SCHEDULE).read_text())
     docs = training_docs(workdir)
 
@@ -267,7 +270,7 @@ def main(argv=None) -> None:
     except BaseException as exc:
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
         if isinstance(exc, (LimitStop, DeviceMemoryError, StoreRefused, ServerLost, ReplicaMismatch,
-                            workdir_files.WorkdirChanged)):  # `deadline: ...`, `out of device memory ...`
+                            workdir_files.WorkdirChanged, LinkTooSlow)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
             reason = "stopped by the user (interrupt)"

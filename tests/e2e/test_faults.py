@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from gradshare.contract import metrics as M
-from gradshare.contract.tags import ATTEMPT, CKPT_SHA, FAILURE, REFUSAL, STEP
+from gradshare.contract.tags import ATTEMPT, CKPT_SHA, FAILURE, INTERRUPTED, REFUSAL, STEP
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
 from tests.conftest import REPO, overrides, run_entry
@@ -60,9 +60,11 @@ def _stop_after_three_updates(study: str, arm: str, stop) -> tuple[object, str]:
 
 
 def _check_stopped(run, words: str) -> None:
-    assert run.info.status == "FAILED"
+    """Stopped from outside: KILLED, `interrupted: ...` with the last update, no attempt used
+    (`claims.decide_train`), nothing left running."""
+    assert run.info.status == "KILLED" and run.data.tags[INTERRUPTED] == "true" and REFUSAL not in run.data.tags
     reason = run.data.tags[FAILURE]
-    assert reason.startswith(f"{words}; last completed update "), reason
+    assert reason.startswith(f"interrupted: {words}; last completed update "), reason
     last = int(re.search(r"last completed update (\d+) of 8", reason).group(1))
     logged = max(m.step for m in connection.client().get_metric_history(run.info.run_id, M.STEP_S))
     assert 3 <= last == logged < 8
@@ -70,12 +72,12 @@ def _check_stopped(run, words: str) -> None:
     assert not left, [p.info["cmdline"] for p in left]
 
 
-def test_sigterm_to_an_arm_ends_it_failed_with_its_last_update_and_no_process_left(stopped_study):
+def test_sigterm_to_an_arm_ends_it_killed_interrupted_with_its_last_update_and_no_process_left(stopped_study):
     run, _ = _stop_after_three_updates(stopped_study, "dense", lambda proc: proc.send_signal(signal.SIGTERM))
     _check_stopped(run, "stopped by signal SIGTERM")
 
 
-def test_ctrl_c_to_an_arm_ends_it_failed_with_its_last_update_and_no_process_left(stopped_study):
+def test_ctrl_c_to_an_arm_ends_it_killed_interrupted_with_its_last_update_and_no_process_left(stopped_study):
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group (the step, its
     launcher and whichever ranks share the group) at once."""
     run, _ = _stop_after_three_updates(stopped_study, "powersgd", lambda proc: os.killpg(proc.pid, signal.SIGINT))

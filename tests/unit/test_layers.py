@@ -22,6 +22,8 @@ HEAVY = {"mlflow", "torch", "transformers", "matplotlib", "accelerate", "boto3",
 # The project's own modules imported inside a function (or by name, importlib), each with why; the
 # same reason is on the line in the module. Anything else belongs at the top of its module.
 DEFERRED = {
+    ("entrypoints/mlflow_plugin.py", "gradshare.tracking.connection"):
+        "only when `mlflow run` is stopped (SIGTERM): the plugin stays light in every other process",
     ("entrypoints/mlflow_plugin.py", "entrypoints.mlflow_run_checks"):
         "MLflow loads the plugin in every process that imports mlflow; only `mlflow run` pays for the checks",
     ("entrypoints/cli.py", "entrypoints.*"):

@@ -7,9 +7,9 @@ from gradshare.contract.errors import Refusal
 from gradshare.tracking import claims
 
 
-def _entry(index, step, arm, status, refusal=False, run_id=None, attempted=None):
+def _entry(index, step, arm, status, refusal=False, run_id=None, attempted=None, interrupted=False):
     attempted = (step == "train" and not refusal) if attempted is None else attempted
-    return claims.Entry(index, step, arm, run_id or f"r{index}", status, refusal, None, attempted)
+    return claims.Entry(index, step, arm, run_id or f"r{index}", status, refusal, None, attempted, interrupted)
 
 
 def test_a_failed_arm_is_not_re_run_when_the_plan_allows_one_attempt():
@@ -21,6 +21,22 @@ def test_a_failed_arm_is_not_re_run_when_the_plan_allows_one_attempt():
     twice = prefix + [_entry(2, "train", "dense", "FAILED")]
     with pytest.raises(Refusal, match="used its 2 attempt"):
         claims.decide_train(twice, "dense", max_attempts=2)
+
+
+def test_an_interrupted_attempt_keeps_its_number_but_uses_none_of_the_plans_attempts():
+    """A study stopped from outside (SIGTERM, Ctrl-C) continues where it stopped: the arm's next
+    run is attempt 2 (the interrupted one stays listed as attempt 1), within max_attempts 1. A
+    failure after it does use the one attempt."""
+    stopped = _entry(1, "train", "dense", "KILLED", interrupted=True)
+    assert claims.decide_train([stopped], "dense", max_attempts=1) == 2
+    assert claims.decide_train([stopped, _entry(2, "train", "dense", "KILLED", interrupted=True)], "dense", 1) == 3
+    failed = [stopped, _entry(2, "train", "dense", "FAILED")]
+    with pytest.raises(Refusal, match=r"used its 1 attempt\(s\) allowed by arms.max_attempts \(attempt 2 run r2 FAILED\)"):
+        claims.decide_train(failed, "dense", max_attempts=1)
+    # listed for the commitment as what it was, beside the attempt that counted
+    assert [a["status"] for a in claims.attempts(failed, "dense")] == ["KILLED", "FAILED"]
+    # it may still be resumed from a full state, as any stopped attempt
+    claims.decide_resume([stopped], "dense", "r1")
 
 
 def test_a_claimant_that_died_before_its_decision_made_no_attempt():
