@@ -16,6 +16,8 @@ plus `plan.json` at the run's root. Two prepares of the same plan give identical
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -31,7 +33,7 @@ from gradshare.cost.limits import START_PARAM
 from gradshare.cost.prices import refreshed_price
 from gradshare.inputs.build import build_inputs
 from gradshare.model.source import MODEL_SHAPES, parameter_shapes
-from gradshare.tracking import study_runs
+from gradshare.tracking import connection, study_runs
 from gradshare.util.jsonio import read_jsonl
 
 
@@ -155,8 +157,25 @@ def prepare_study(study: str, profile: str, overrides: dict[str, str], run) -> P
     mlflow.set_tag(PLAN_SHA, plan.sha256())
     inputs = scratch_dir()
     try:
-        manifest = build_inputs(plan, inputs)
-        log_prepare_run(plan, inputs, manifest)
+        try:
+            manifest = build_inputs(plan, inputs)
+        except Exception as exc:  # noqa: BLE001 - a full disk is named; anything else goes on as it was
+            if no_space(exc):
+                raise StudyError(f"disk: the disk of {inputs} is full ({shutil.disk_usage(inputs).free:,} bytes free) "
+                                 f"while prepare built the study's inputs ({connection.one_line(exc)[:300]}): free "
+                                 f"space there, or point TMPDIR at a larger disk; nothing was prepared") from None
+            raise
+        try:
+            with few_retries():
+                log_prepare_run(plan, inputs, manifest)
+        except Exception as exc:  # noqa: BLE001 - a store that answers but refuses: named, its part removed
+            if connection.unreachable() is not None:
+                raise  # the server went away: the step's run says so (`study_runs.study_run`)
+            removed, kept = remove_artifacts(run.info.run_id)
+            part = (f"the {removed:,} bytes of them it had taken were removed" if kept is None else
+                    f"what it had taken could not be removed ({kept}): the run's artifacts are partial")
+            raise StudyError(f"store: the artifact store refused the study's inputs ({connection.one_line(exc)[:300]}); "
+                             f"{part}; nothing was prepared: make room in the store and prepare again") from None
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
     print(f"[gradshare] prepared study {study!r}: plan_sha256 {plan.sha256()}, "
@@ -165,6 +184,51 @@ def prepare_study(study: str, profile: str, overrides: dict[str, str], run) -> P
         print(note, flush=True)
         mlflow.set_tag(DEVICE_NOTE, note)
     return plan
+
+
+@contextlib.contextmanager
+def few_retries(retries: int = 2):
+    """MLflow's client retries a refused request (HTTP 500: a full artifact store) seven times with
+    doubling waits, minutes a file; here a couple of times, so that a store that cannot take the
+    inputs is told within seconds (read by MLflow at every request)."""
+    key = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+    old = os.environ.get(key)
+    os.environ[key] = str(retries)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether `exc` is a full disk: ENOSPC, or a library's error that says it in words
+    (safetensors' `SafetensorError: ... No space left on device`)."""
+    while exc is not None:
+        if getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def remove_artifacts(run_id: str) -> tuple[int, str | None]:
+    """Every artifact of the run removed from its store: (the bytes they held, None), or (0, why
+    not) where the store would not list or delete them."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    c = connection.client()
+
+    def size(path: str | None) -> int:
+        return sum(size(f.path) if f.is_dir else (f.file_size or 0) for f in c.list_artifacts(run_id, path))
+
+    try:
+        held = size(None)
+        get_artifact_repository(c.get_run(run_id).info.artifact_uri).delete_artifacts()
+    except Exception as exc:  # noqa: BLE001 - the refusal is what the user must see
+        return 0, connection.one_line(exc)[:200]
+    return held, None
 
 
 def device_note(plan) -> str | None:

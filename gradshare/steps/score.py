@@ -54,10 +54,7 @@ def score_study(study: str, parent_run) -> dict:
         cases = read_jsonl(inputs / "eval/test_tasks.jsonl")
         probes = read_jsonl(inputs / "eval/probes.jsonl")
         device = device_for(plan)
-        # the weights train started from, in the dtype the arms are scored in
-        models = {"seed": lambda: seed_model(plan, inputs, device).to(scoring_dtype(plan))}
-        for arm, path in ckpts.items():
-            models[arm] = (lambda p=path: load_for_scoring(p, plan, device))
+        models = model_makers(plan, inputs, ckpts, device)
         results = {}
         for name, make in models.items():
             t0 = time.perf_counter()
@@ -74,6 +71,16 @@ def score_study(study: str, parent_run) -> dict:
         return results
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_makers(plan, inputs: Path, ckpts: dict[str, Path], device) -> dict:
+    """What is scored, by name, each made only when its turn comes (one model in memory at a
+    time): `seed`, the weights train started from, in the dtype the arms are scored in; then each
+    committed arm from its own verified checkpoint."""
+    models = {"seed": lambda: seed_model(plan, inputs, device).to(scoring_dtype(plan))}
+    for arm, path in ckpts.items():
+        models[arm] = (lambda p=path: load_for_scoring(p, plan, device))  # bound now: this arm's own path
+    return models
 
 
 def _score_one(study, plan, name, model, tokenizer, cases, probes, device, load_s: float) -> dict:

@@ -226,7 +226,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         return
     if stalled is not None:
         last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
-        raise StudyError(f"{stalled}{last}") from None
+        raise StudyError(f"{stalled}{last}{_weights_hint(run_id, str(stalled))}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
         if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
@@ -237,12 +237,21 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
             _keep_text(plan, run_id, details, "failure/details.txt")
             if not reason.startswith(failures.SAYS_WHERE):
                 reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
-            box = Outbox(run_id, 0)
-            if result.weights_wait(box) and "gradshare upload" not in reason:
-                reason += f"; the trained weights are kept in {box.dir}: `gradshare upload {box.dir}` delivers them"
+            reason += _weights_hint(run_id, reason)
         print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
               file=sys.stderr, flush=True)
         raise StudyError(reason)
+
+
+def _weights_hint(run_id: str, reason: str) -> str:
+    """Where the arm's trained weights wait in its outbox (the store does not have them yet), the
+    words that end its reason: where they are and the command that delivers them; else nothing."""
+    if not run_id or "gradshare upload" in reason:
+        return ""
+    box = Outbox(run_id, 0)
+    if not result.weights_wait(box):
+        return ""
+    return f"; the trained weights are kept in {box.dir}: `gradshare upload {box.dir}` delivers them"
 
 
 WATCH_EVERY_S = 2.0  # how often the launcher, the orphans, the heartbeats and the link are looked at

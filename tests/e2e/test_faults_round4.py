@@ -143,9 +143,11 @@ def test_case4_sigterm_to_mlflow_run_study_stops_every_step_killed_interrupted_a
         statuses = [r.info.status for r in study_runs.search(study, step)]
         assert statuses and set(statuses) == {"FINISHED"}, (step, statuses)
     assert not _left(study)
-    # every folder a step made under TMPDIR is gone, the interrupted ones' too; MLflow's launcher
-    # leaves an empty `tmp*` folder of its own per `mlflow run` (for path parameters), not ours
-    left = [p.name for p in scratch.iterdir() if not (p.name.startswith("tmp") and p.is_dir() and not any(p.iterdir()))]
+    # every folder a step made under TMPDIR is gone, the interrupted ones' too. Not ours: MLflow's
+    # launcher leaves an empty `tmp*` folder per `mlflow run` (for path parameters), and torch keeps
+    # its compile cache, `torchinductor_<user>`, across runs on purpose
+    left = [p.name for p in scratch.iterdir() if not (p.name.startswith("tmp") and p.is_dir() and not any(p.iterdir()))
+            and not p.name.startswith("torchinductor_")]
     assert left == [], left
 
 
@@ -208,3 +210,71 @@ def test_case6_a_commit_killed_holding_its_commitment_is_void_and_the_next_commi
     unavailable = [r for arm in ("single", "dense", "powersgd") for r in study_runs.search(study, "train", arm)]
     assert len(unavailable) == 3 and all(r.data.tags["mlflow.runName"].endswith("-unavailable") for r in unavailable)
     assert {a["arm"]: a["run_id"] for a in sealed["arms"]} == {a["arm"]: a["run_id"] for a in void["arms"]}
+
+
+def _tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no tmpfs here (not root?): {made.stderr.strip()}")
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_case5_a_disk_that_fills_during_prepare_is_one_line_naming_it_and_prepares_nothing(mlflow_server, tmp_path):
+    """TMPDIR on a 3 MiB tmpfs: prepare's inputs (the seed model alone is 5.8 MB) fill it. One
+    line naming the disk's folder, no traceback; the run FAILED with it; no prepared study."""
+    scratch = tmp_path / "small"
+    _tmpfs(scratch, "3m")
+    try:
+        study = "round4-disk-full"
+        proc = run_entry("prepare", "--study", study, *overrides(), env={"TMPDIR": str(scratch)}, check=False)
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        said = [line for line in proc.stderr.splitlines() if line.startswith("[gradshare] prepare FAILED: ")]
+        assert len(said) == 1, proc.stderr[-3000:]
+        assert re.match(rf"\[gradshare\] prepare FAILED: disk: the disk of {re.escape(str(scratch))}/\S+ is full \(\d[\d,]* "
+                        r"bytes free\) while prepare built the study's inputs \(.*No space left on device.*\): free space "
+                        r"there, or point TMPDIR at a larger disk; nothing was prepared$", said[0]), said[0]
+        [run] = study_runs.search(study, "prepare")
+        assert run.info.status == "FAILED" and run.data.tags[FAILURE] == said[0].split("FAILED: ", 1)[1]
+        # its scratch removed (torch's own compile cache, `torchinductor_<user>`, is kept on purpose)
+        assert [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")] == []
+    finally:
+        _umount(scratch)
+
+
+def test_case5_a_store_that_fills_during_prepare_is_one_line_and_keeps_no_partial_inputs(tmp_path):
+    """A server of its own whose artifact store (a 1 MiB tmpfs) cannot take the study's inputs:
+    one line naming the store's refusal, no traceback; the run FAILED with it and holds no
+    artifact (what the store had taken is removed, and said)."""
+    import mlflow
+
+    from tests.conftest import MlflowServer
+
+    store = tmp_path / "server" / "artifacts"
+    _tmpfs(store, "1m")
+    server = None
+    try:
+        server = MlflowServer(tmp_path / "server").start()
+        env = {"MLFLOW_TRACKING_URI": server.uri}
+        study = "round4-store-full"
+        proc = run_entry("prepare", "--study", study, *overrides(), env=env, check=False)
+        assert proc.returncode != 0
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        said = [line for line in proc.stderr.splitlines() if line.startswith("[gradshare] prepare FAILED: ")]
+        assert len(said) == 1, proc.stderr[-3000:]
+        assert said[0].startswith("[gradshare] prepare FAILED: store: the artifact store refused the study's inputs (")
+        assert re.search(r"; the [\d,]+ bytes of them it had taken were removed; nothing was prepared: make room in "
+                         r"the store and prepare again$", said[0]), said[0]
+        c = mlflow.MlflowClient(tracking_uri=server.uri)
+        [run] = c.search_runs([c.get_experiment_by_name(study).experiment_id])
+        assert run.info.status == "FAILED" and run.data.tags[FAILURE].startswith("store: ")
+        assert c.list_artifacts(run.info.run_id) == []
+    finally:
+        if server is not None:
+            server.stop()
+        _umount(store)
