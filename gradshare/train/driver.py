@@ -229,6 +229,10 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         raise StudyError(f"{stalled}{last}{_weights_hint(run_id, str(stalled))}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
+        if reason.startswith(failures.INTERRUPTED_WORDS):  # Ctrl-C reached the ranks (their process group): an interrupt
+            if run_id:
+                _keep_text(plan, run_id, details, "failure/details.txt")
+            raise KeyboardInterrupt(reason)
         if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
             if run_id:
                 _keep_text(plan, run_id, details, "failure/details.txt")
@@ -530,7 +534,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
         try:
             _launch_workers(plan, arm, workdir, run.info.run_id, launch, socket_env)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
-            raise KeyboardInterrupt(f"{str(exc) or 'stopped by the user (interrupt)'}; last completed update "
+            raise KeyboardInterrupt(f"{str(exc) or failures.INTERRUPTED_WORDS}; last completed update "
                                     f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         # rank 0 recorded the summary, the checkpoint and the run's end itself (`train.result`)
         return json.loads((workdir / workdir_files.SUMMARY).read_text())

@@ -23,11 +23,13 @@ from pathlib import Path
 from gradshare.train.link_check import LINK_REFUSAL
 from gradshare.train.workdir import WORKDIR_CHANGED, WORKERS_LOG
 
+# what a rank writes when Ctrl-C reaches it (`worker.main`): the arm was interrupted, not failed
+INTERRUPTED_WORDS = "stopped by the user (interrupt)"
 # reasons that already say after which update the arm stopped
 SAYS_WHERE = ("deadline:", "budget:", "tracking:")
 # reasons the driver passes on as they are: they already say what stopped the arm
 OWN_WORDS = SAYS_WHERE + ("the artifact store refused", "replicas disagree", "diverged", "out of device memory",
-                          "stopped by the user", WORKDIR_CHANGED, LINK_REFUSAL)
+                          INTERRUPTED_WORDS, WORKDIR_CHANGED, LINK_REFUSAL)
 
 
 @dataclass(frozen=True)

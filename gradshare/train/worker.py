@@ -39,7 +39,7 @@ from gradshare.hosts.metering import (
 )
 from gradshare.model.lm import save_model, seed_model
 from gradshare.tracking.outbox import Outbox, ServerLost
-from gradshare.train import env, fullstate, heartbeat, profiling
+from gradshare.train import env, failures, fullstate, heartbeat, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
 from gradshare.train.link_check import LinkTooSlow, check_link
@@ -273,7 +273,7 @@ def main(argv=None) -> None:
                             workdir_files.WorkdirChanged, LinkTooSlow)):  # `deadline: ...`, `out of device memory ...`
             reason = " ".join(str(exc).split())[:2000]
         if isinstance(exc, KeyboardInterrupt):
-            reason = "stopped by the user (interrupt)"
+            reason = failures.INTERRUPTED_WORDS
         (workdir / f"failure.rank{rank}.txt").write_text(reason)
         traceback.print_exc()
         raise SystemExit(1)
