@@ -308,9 +308,9 @@ def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: f
                           f"{a.link_silence_s:g} s for the link", file=sys.stderr, flush=True)
                 if quiet.seconds > a.link_silence_s:
                     _stop_all(proc, workdir)
-                    raise StudyError(
+                    raise StudyError(  # whole seconds rounded up: past a bound of 15 s reads 16, never 15
                         f"no traffic: arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
-                        f"{quiet.seconds:.0f} s while this host's ranks wait on it (arms.link_silence_s "
+                        f"{math.ceil(quiet.seconds)} s while this host's ranks wait on it (arms.link_silence_s "
                         f"{a.link_silence_s:g}): the link is down or partitioned; every process of the arm "
                         f"on this host was stopped")
             elif silent_since is not None:
