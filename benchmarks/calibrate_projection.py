@@ -89,9 +89,7 @@ def fit(m: dict, b: float, c: float, copies: float, measured_compress: float | N
 
 def predict(cal, plan, m: dict, arm: str) -> float:
     """The product's own figure (`Calibration.seconds`) for one arm's median update at world 1."""
-    from gradshare.cost.projection import staging_bytes
-
-    return cal.seconds(plan.arm(arm), m["padded"], m["mbs"], staging_bytes=staging_bytes(plan))
+    return cal.seconds(plan.arm(arm), plan, m["padded"], m["mbs"])
 
 
 def compression(res: dict, name: str) -> float | None:
@@ -131,7 +129,7 @@ def main(argv=None) -> None:
     params = sum(__import__("math").prod(s) for s in parameter_shapes(load_plan("full")))
     error_bytes = 4 * params
     copies = 2 * error_bytes / (cal["copy_gbps"]["both"] * 1e9)
-    # the hook the call measured: it says how its copies moved (gradshare.train.powersgd.COPY_OVERLAP)
+    # the hook the call measured: it says how its copies moved (gradshare.kinds.powersgd_hook.COPY_OVERLAP)
     overlap = res["powersgd"].get("copy_overlap", "none")
     c32, c8 = compression(res, "powersgd"), compression(res, "powersgd-rank-8")
     slope = (c32 - c8) / (32 - 8) if (c32 and c8) else 0.0

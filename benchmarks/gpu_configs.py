@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import workloads  # noqa: E402
+from gradshare.kinds.powersgd import PowerSGD  # noqa: E402
 
 BY_COUNT = {"schedule.micro_batch_tokens": "0", "hardware.cuda_graphs": "false"}  # the landed loop
 # --smoke: the same configurations on a CPU, with the tiny model and the full profile's levers
@@ -160,7 +161,7 @@ class Profiled:
             self.prof.__enter__()
         elif u == self.at and self.prof is not None:
             self.prof.__exit__(None, None, None)
-            from gradshare.train.powersgd import COMPRESSION
+            from gradshare.kinds.powersgd_hook import COMPRESSION
 
             avg = self.prof.key_averages()
             self.out.write_text(avg.table(sort_by="device_time_total", row_limit=30))
@@ -215,8 +216,8 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
     try:
         res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step, log=lambda *a: None)
         out.update(graphs=res.graphs, error_prefetched_bytes=res.error_prefetched_bytes)
-        if arm == "powersgd":
-            from gradshare.train.powersgd import COPY_OVERLAP
+        if isinstance(plan.arm(arm).method, PowerSGD):  # the calibration's copy_overlap: how its hook moved the error
+            from gradshare.kinds.powersgd_hook import COPY_OVERLAP
 
             out["copy_overlap"] = COPY_OVERLAP if plan.powersgd.fold_errors else "none"
     except DeviceMemoryError as exc:  # the reason the worker would record
@@ -356,7 +357,7 @@ def numerics_check(device, exchanges: int = 6) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from gradshare.train.powersgd import hook_for, make_powersgd_state, prefetch_errors
+    from gradshare.kinds.powersgd_hook import hook_for, make_powersgd_state, prefetch_errors
 
     d, f = 2048, 6144
 

@@ -99,22 +99,23 @@ def run(args) -> dict:
         raise SystemExit(f"link_rates: --fit-rate {fit_rate:g} is not among --rates {args.rates}")
     root = Path(tempfile.mkdtemp(prefix="gradshare-linkbench-"))
     plan = load_plan("tiny", OVERRIDES)
-    skip = {"single": 2, "dense": 2, "powersgd": max(plan.powersgd.warmup_updates, 2)}
+    # every arm of the plan, by its kind: its warm-up (and DDP's first two updates) left out
+    skip = {a.name: max(a.warmup_updates, 2) for a in plan.arm_list()}
+    across = [a.name for a in plan.arm_list() if a.is_ddp]
     data = {"updates": UPDATES, "overrides": OVERRIDES, "rates_mbit": list(args.rates), "links": {}}
     t0 = time.perf_counter()
 
     _in_store(root / "loopback.db")
     _prepare("linkbench-loopback", OVERRIDES)
-    for arm in ("single", "dense", "powersgd"):
+    for arm in plan.arms.names:
         _train_loopback("linkbench-loopback", arm)
-    data["links"]["loopback"] = {arm: _arm_figures("linkbench-loopback", arm, skip[arm])
-                                 for arm in ("single", "dense", "powersgd")}
+    data["links"]["loopback"] = {arm: _arm_figures("linkbench-loopback", arm, skip[arm]) for arm in plan.arms.names}
     for rate in args.rates:
         study = f"linkbench-{rate:g}mbit"
         _in_store(root / f"{study}.db")
         _prepare(study, {**OVERRIDES, "link.rate_mbit": f"{rate:g}"})
         got = {}
-        for arm in ("dense", "powersgd"):
+        for arm in across:
             if not run_arm_across(study, arm, rate, plan.arms.timeout_s(UPDATES) + 300):
                 raise SystemExit(f"link_rates: arm {arm} at {rate:g} Mbit/s failed")
             got[arm] = _arm_figures(study, arm, skip[arm])

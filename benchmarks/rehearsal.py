@@ -51,6 +51,7 @@ from gradshare.train.profiling import ENV as PROFILE_ENV  # noqa: E402
 STUDY = "rehearsal-one-gpu"
 OVERRIDES = {"hardware.rehearsal": "one-gpu"}
 ARMS = ("single", "dense", "powersgd")
+HARNESS_CONFIG = "single"  # gpu_path.py's configuration of the study's one-GPU arm
 STEADY_FROM = 4  # the median s/update is over updates 4..N, as benchmarks/gpu_path.py takes it
 
 
@@ -137,7 +138,7 @@ def _harness(path: Path) -> dict:
     """The harness's `single` on the same workload: its median s/update (updates 4..N-1, as
     gpu_path.py summarises) and peaks, from a gpu_path.py result file."""
     data = json.loads(Path(path).read_text())
-    single = next((r for r in data.get("results", []) if r["config"] == "single"), {})
+    single = next((r for r in data.get("results", []) if r["config"] == HARNESS_CONFIG), {})
     return {"file": str(path), "commit": data.get("env", {}).get("commit"), "updates": data.get("env", {}).get("updates"),
             **{k: (single.get("summary") or {}).get(k) for k in ("step_s", "peak_reserved_gib", "tokens_per_s")},
             "error": single.get("error") or single.get("failure_reason")}

@@ -107,16 +107,13 @@ def block_profiles(ps):
 
 
 def block_arms(ps):
-    exchange = {"single": "none: the global batch by gradient accumulation on one device",
-                "dense": "DDP, plain all-reduce of the whole gradient",
-                "powersgd": "DDP with the PowerSGD communication hook"}
     rows = []
     tiny = ps["tiny"]
     for arm in (tiny.arm(name) for name in tiny.arms.names):
         role = ("candidate" if arm.name == tiny.arms.candidate else
                 "control" if arm.name in tiny.arms.controls else "")
         rows.append([f"`{arm.name}`", role, f"`{arm.kind}`", *(num(ps[p].arms.processes(arm.name)) for p in PROFILES),
-                     exchange[arm.kind] + (f", rank {arm.rank}" if arm.has_powersgd else "")])
+                     arm.method.describe(arm)])
     return table(["arm (in running order)", "role", "kind", "processes, tiny", "processes, full",
                   "gradient exchange"], rows) + "\nEach arm is one row of `arms.rows` (`name:kind:processes`, a PowerSGD row " \
         "with its own `:rank=R` and `:warmup=W` where it differs from `powersgd`).\n"

@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     p.set_defaults(fn=up)
     p = sub.add_parser("run", help="one arm of a prepared study across two fresh hosts")
     p.add_argument("--study", required=True)
-    p.add_argument("--arm", required=True, choices=("dense", "powersgd"))
+    p.add_argument("--arm", required=True, help="a two-process arm of the study's plan (dense, powersgd, ...)")
     p.set_defaults(fn=run)
     p = sub.add_parser("down", help="remove the namespaces of gradshare users that are gone")
     p.add_argument("--all", action="store_true", help="also those of running users (their runs break)")

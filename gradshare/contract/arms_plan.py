@@ -1,6 +1,6 @@
 """The plan's arms (`gradshare.contract.plan` composes them): one row each in `arms.rows`, read as
-an `Arm` that code asks about (its kind, processes, PowerSGD rank and warm-up) instead of testing
-its name.
+an `Arm` whose kind (`Arm.method`, from `gradshare.kinds.table`) code asks instead of testing its
+name.
 
     plan.arm("powersgd8")   # Arm(name='powersgd8', kind='powersgd', processes=2, rank=8, warmup_updates=8)
 """
@@ -10,42 +10,39 @@ import functools
 from dataclasses import dataclass
 
 from gradshare.contract.errors import PlanError
-
-# The kinds of arm the study knows. An arm of the plan (a row of `arms.rows`) is one of them.
-ARM_KINDS = ("single", "dense", "powersgd")
-"""`single`: one process that accumulates its micro-batches; `dense`: DDP, one plain all-reduce of
-the gradient per update; `powersgd`: DDP with the PowerSGD communication hook."""
-
-ARM_OPTIONS = {"rank": "powersgd.rank", "warmup": "powersgd.warmup_updates"}
-"""A `powersgd` row's own hook settings (`rank=8`), and the plan field each defaults to."""
+from gradshare.kinds import table
+from gradshare.kinds.base import ArmKind, UnknownKind
 
 
 @dataclass(frozen=True)
 class Arm:
     """One arm as the code asks about it (`Plan.arm(name)`, from its row of `arms.rows`): its kind,
-    how many processes, and for PowerSGD its rank and the updates before it compresses. Code asks
-    these questions instead of testing the arm's name."""
+    how many processes, and the kind's settings. Code asks its kind (`method`) instead of
+    testing the arm's or the kind's name. An unknown kind is refused here, by name."""
     name: str
     kind: str
     processes: int
     rank: int = 0
-    """PowerSGD's matrix approximation rank (0 for the other kinds)."""
+    """A compressing kind's matrix approximation rank (PowerSGD's; 0 where the kind has none)."""
     warmup_updates: int = 0
-    """PowerSGD's first updates, exchanged as a plain all-reduce (0 for the other kinds)."""
+    """The first updates, exchanged as a plain all-reduce before the kind compresses (0: none)."""
+
+    def __post_init__(self):
+        table.of(self.kind)  # UnknownKind, naming the known ones: never taken for another kind
+
+    @property
+    def method(self) -> ArmKind:
+        """The arm's kind (`gradshare.kinds.base.ArmKind`): what it exchanges, and how."""
+        return table.of(self.kind)
 
     @property
     def is_ddp(self) -> bool:
-        """Its gradient goes through DDP (one exchange per update); `single` accumulates alone."""
-        return self.kind != "single"
-
-    @property
-    def has_powersgd(self) -> bool:
-        """A PowerSGD state and communication hook sit on its DDP."""
-        return self.kind == "powersgd"
+        """Its gradient goes through DDP (one exchange per update); else one process accumulates alone."""
+        return self.method.uses_ddp
 
     def compresses(self, update: int) -> bool:
-        """Whether update `update` (1-based) exchanges PowerSGD's P and Q instead of the gradient."""
-        return self.has_powersgd and update > self.warmup_updates
+        """Whether update `update` (1-based) sends the kind's compressed payload, not the gradient."""
+        return self.method.compresses(self, update)
 
 
 @dataclass(frozen=True)
@@ -66,16 +63,17 @@ class ArmRow:
         if not name or not all(c.isalnum() or c in "-_" for c in name):
             raise PlanError(f"arms.rows entry {row!r}: the name {name!r} must be letters, digits, - or _ "
                             f"(it names runs, files and tags)")
-        if kind not in ARM_KINDS:
-            raise PlanError(f"arms.rows entry {row!r}: kind {kind!r} is not one of {', '.join(ARM_KINDS)}")
+        try:
+            method = table.of(kind)
+        except UnknownKind as exc:
+            raise PlanError(f"arms.rows entry {row!r}: {exc}") from None
         options = []
         for opt in opts:
             key, eq, value = opt.partition("=")
-            if not eq or key not in ARM_OPTIONS or not value.strip().lstrip("-").isdigit():
-                raise PlanError(f"arms.rows entry {row!r}: {opt!r} is not one of "
-                                f"{', '.join(k + '=N' for k in ARM_OPTIONS)}")
-            if kind != "powersgd":
-                raise PlanError(f"arms.rows entry {row!r}: {key}= is a powersgd arm's setting, not a {kind} arm's")
+            if not eq or key not in method.options or not value.strip().lstrip("-").isdigit():
+                takes = ", ".join(k + "=N" for k in method.options) or "none"
+                raise PlanError(f"arms.rows entry {row!r}: {opt!r} is not a setting of a {kind} arm "
+                                f"(its settings: {takes})")
             options.append((key, int(value)))
         if not processes.lstrip("-").isdigit():
             raise PlanError(f"arms.rows entry {row!r}: processes {processes!r} is not a whole number")
@@ -86,8 +84,8 @@ class ArmRow:
 class ArmsPlan:
     rows: tuple[str, ...] = ("single:single:1", "dense:dense:2", "powersgd:powersgd:2")
     """The arms, one row each, in the order they run (never overlapping):
-    `name:kind:processes`, the kind one of `ARM_KINDS`; a `powersgd` row may add its own
-    `:rank=R` and `:warmup=W` (default `powersgd.rank`, `powersgd.warmup_updates`).
+    `name:kind:processes`, the kind one of `gradshare.kinds.table`; a row may add its kind's own
+    settings (a `powersgd` row `:rank=R` and `:warmup=W`, default `powersgd.rank`, `powersgd.warmup_updates`).
     A fourth arm, PowerSGD at rank 8: `...,powersgd8:powersgd:2:rank=8`."""
     candidate: str = "powersgd"
     """The arm the screens judge."""
@@ -162,22 +160,18 @@ class ArmsPlan:
             out.append(f"arms.rows names an arm twice: {', '.join(self.names)}")
         for row in rows:
             world, opts = row.processes, dict(row.options)
+            kind = table.of(row.kind)
             if world < 1:
                 out.append(f"arms.rows: {row.name} has {world} processes; an arm needs >= 1")
-            elif row.kind == "single" and world != 1:
-                out.append(f"arms.rows: {row.name} is a single arm (one process that accumulates) but has "
-                           f"{world} processes; use kind dense for DDP")
+            elif kind.processes_problem(row.name, world):
+                out.append(kind.processes_problem(row.name, world))
             elif s.docs_per_update >= 1 and s.micro_batch_docs >= 1 and \
                     s.docs_per_update % (world * s.micro_batch_docs) != 0:
                 out.append(f"schedule.docs_per_update={s.docs_per_update} cannot be split over "
                            f"{row.name}'s {world} processes (arms.rows) in micro-batches of "
                            f"schedule.micro_batch_docs={s.micro_batch_docs}: {s.docs_per_update} is not a "
                            f"multiple of {world} x {s.micro_batch_docs}; choose a micro-batch that fits")
-            if opts.get("rank", 1) < 1:
-                out.append(f"arms.rows: {row.name}'s rank={opts['rank']} must be >= 1")
-            if "warmup" in opts:
-                out += [f"arms.rows: {row.name}'s {line}" for line in
-                        warmup_problems(plan.powersgd, opts["warmup"], s.updates)]
+            out += kind.option_problems(row.name, opts, plan)
         if self.max_attempts < 1:
             out.append("arms.max_attempts must be >= 1 (1: a failed arm is never re-run)")
         if self.expected_update_s <= 0 or self.startup_s <= 0 or self.timeout_margin < 1:
@@ -201,15 +195,3 @@ def _parsed(rows: tuple[str, ...]) -> tuple[ArmRow, ...]:
     projection's solvers (tens of thousands of times), where re-parsing was most of their time."""
     return tuple(ArmRow.parse(row) for row in rows)
 
-
-def warmup_problems(p, warmup: int, updates: int) -> list[str]:
-    """What is wrong with PowerSGD (`p`, the plan's `PowerSGDPlan`) warming up for `warmup` updates
-    (the plan's, or one arm's own)."""
-    out = []
-    if (p.warm_start or p.error_feedback != "none") and warmup < 2:
-        # Upstream: start_powerSGD_iter must be > 1 with error feedback or warm start, since
-        # DDP rebuilds its buckets after the first exchange.
-        out.append(f"warmup_updates={warmup} must be >= 2 when warm start or error feedback is on")
-    if warmup >= updates:
-        out.append(f"warmup_updates={warmup} leaves no compressed update within schedule.updates={updates}")
-    return out

@@ -22,10 +22,12 @@ import json
 import typing
 from dataclasses import dataclass, field
 
-from gradshare.contract.arms_plan import Arm, ArmsPlan, warmup_problems
+from gradshare.contract.arms_plan import Arm, ArmsPlan
 from gradshare.contract.errors import PlanError
 from gradshare.contract.hosts_plan import InfraPlan, LinkPlan, PreflightPlan, socket_counts
 from gradshare.contract.profiles import PROFILES
+from gradshare.kinds import table
+from gradshare.kinds.powersgd import PowerSGDPlan  # the powersgd kind's own section of the plan
 
 
 @dataclass(frozen=True)
@@ -132,57 +134,6 @@ class OptimPlan:
 
     def problems(self, plan: "Plan") -> list[str]:
         return []  # every value of each field can be run
-
-
-@dataclass(frozen=True)
-class PowerSGDPlan:
-    rank: int = 32
-    """Matrix approximation rank."""
-    warmup_updates: int = 8
-    """Plain all-reduce for updates 1..8; compression from update 9."""
-    warm_start: bool = True
-    """Reuse Q between updates."""
-    error_feedback: str = "fp32-host"
-    """`fp32-host`: FP32 error in (pinned) host memory, moved per bucket; `device`: upstream behaviour."""
-    min_compression_rate: float = 2.0
-    """Upstream rule: compress a matrix only if (rows+cols) x rank x rate < rows x cols."""
-    bucket_cap_mb: int = 25
-    """DDP bucket size."""
-    hook: str = "upstream"
-    """`upstream`: PyTorch's powerSGD_hook with the error staged around it; `fast`: gradshare's
-    hook on the same PowerSGDState (one inline pass per bucket, orthogonalisation batched over
-    same-shaped matrices, no device-wide sync, FP32 error moved on side streams)."""
-    orthogonalization: str = "qr"
-    """`qr` (upstream: Householder QR per matrix) or `cholesky-qr2` (batched Gram + Cholesky,
-    twice; equals QR up to column signs for full-rank P, which P Q^T does not see). `fast` hook only."""
-    staging_mb: int = 1024
-    """`fast` hook: device memory the FP32 error may hold in flight to and from the host."""
-    fold_errors: bool = False
-    """`fast` hook: add each bucket's error into its gradients between the micro-batches (the error
-    goes up beside them, one staging's worth per micro-batch), not in the exchange. The same sum in
-    another order; off until measured on a GPU (BENCHMARKS.md)."""
-
-    def problems(self, plan: "Plan") -> list[str]:
-        out = []
-        if self.rank < 1:
-            out.append("powersgd.rank must be >= 1")
-        out += [f"powersgd.{line}" for line in warmup_problems(self, self.warmup_updates, plan.schedule.updates)]
-        if self.error_feedback not in ("fp32-host", "device", "none"):
-            out.append(f"powersgd.error_feedback={self.error_feedback!r} is not fp32-host, device or none")
-        if self.hook not in ("upstream", "fast"):
-            out.append(f"powersgd.hook={self.hook!r} is not upstream or fast")
-        elif self.hook == "fast" and self.error_feedback != "fp32-host":
-            out.append(f"powersgd.hook=fast keeps the error on the host: it needs "
-                       f"powersgd.error_feedback=fp32-host, not {self.error_feedback!r}")
-        if self.orthogonalization not in ("qr", "cholesky-qr2"):
-            out.append(f"powersgd.orthogonalization={self.orthogonalization!r} is not qr or cholesky-qr2")
-        elif self.orthogonalization != "qr" and self.hook != "fast":
-            out.append("powersgd.orthogonalization=cholesky-qr2 needs powersgd.hook=fast")
-        if self.staging_mb < 1 or self.bucket_cap_mb < 1:
-            out.append("powersgd.staging_mb and powersgd.bucket_cap_mb must be >= 1")
-        if self.fold_errors and self.hook != "fast":
-            out.append("powersgd.fold_errors=true needs powersgd.hook=fast (upstream's hook adds the error itself)")
-        return out
 
 
 @dataclass(frozen=True)
@@ -314,14 +265,10 @@ class Plan:
 
     # -- views ---------------------------------------------------------------
     def arm(self, name: str) -> Arm:
-        """The arm `name` as this plan runs it: its row of `arms.rows`, PowerSGD's settings filled
-        in from `powersgd` where the row sets none."""
+        """The arm `name` as this plan runs it: its row of `arms.rows`, its kind's settings filled
+        in from the kind's section (`powersgd`) where the row sets none."""
         row = self.arms.row(name)
-        if row.kind != "powersgd":
-            return Arm(row.name, row.kind, row.processes)
-        opts = dict(row.options)
-        return Arm(row.name, row.kind, row.processes, opts.get("rank", self.powersgd.rank),
-                   opts.get("warmup", self.powersgd.warmup_updates))
+        return Arm(row.name, row.kind, row.processes, **table.of(row.kind).settings(dict(row.options), self))
 
     def arm_list(self) -> list[Arm]:
         """Every arm of the plan, in the order they run."""

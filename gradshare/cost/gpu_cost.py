@@ -3,7 +3,7 @@
     t(rank) = a x padded tokens          matrix work (forward and backward), bound by bf16 matrix rate
             + b x micro-batches          each micro-batch's gradient added into the gradients: memory-bound
             + c                          clip, AdamW, zeroing, over every parameter: memory-bound
-            + x(arm)                     dense: the exchange pass's additions and DDP's bucket work, memory-bound;
+            + x(arm)                     its kind's (`ArmKind.cost_parts`); dense: the exchange pass's additions and DDP's bucket work, memory-bound;
                                          powersgd: x(dense) + compression + the FP32 host error's exposed copies
 
 PowerSGD's parts, per compressed update of one rank:
@@ -91,24 +91,18 @@ class Calibration:
         covered = min(compute, during) + self.compression_s(arm.rank)
         return {"copies_s": copies, "covered_s": covered, "exposed_s": max(0.0, copies - covered)}
 
-    def parts(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None,
-              staging_bytes: float = 0.0) -> dict[str, float]:
-        """One rank's update of `arm` (`Plan.arm(name)`), in parts (seconds): a compressed update
-        of a PowerSGD arm, or where `update` is given, that update (its warm-up a plain all-reduce).
-        `staging_bytes`: the device memory the error's copies may hold (`powersgd.staging_mb`);
-        0: none of them run beside the micro-batches."""
+    def parts(self, arm, plan, padded_tokens: float, micro_batches: float,
+              update: int | None = None) -> dict[str, float]:
+        """One rank's update of `arm` (`Plan.arm(name)`) under `plan`, in parts (seconds): the
+        compute every arm does, and its kind's own parts (`ArmKind.cost_parts`): a compressed
+        update of a compressing arm, or where `update` is given, that update (a warm-up exchanges
+        plainly)."""
         out = {"matrix": self.s_per_padded_token * padded_tokens, "micro_batches": self.s_per_micro_batch * micro_batches,
                "fixed": self.s_fixed}
-        if arm.is_ddp:
-            out["dense_extra"] = self.dense_extra_s
-        if arm.has_powersgd and (update is None or arm.compresses(update)):
-            out["compress"] = self.compression_s(arm.rank)
-            out["error_copies_exposed"] = self.copies(arm, padded_tokens, micro_batches, staging_bytes)["exposed_s"]
-        return out
+        return out | arm.method.cost_parts(self, arm, plan, padded_tokens, micro_batches, update)
 
-    def seconds(self, arm, padded_tokens: float, micro_batches: float, update: int | None = None,
-                staging_bytes: float = 0.0) -> float:
-        return sum(self.parts(arm, padded_tokens, micro_batches, update, staging_bytes).values())
+    def seconds(self, arm, plan, padded_tokens: float, micro_batches: float, update: int | None = None) -> float:
+        return sum(self.parts(arm, plan, padded_tokens, micro_batches, update).values())
 
     def scaled_to(self, target: GpuRates) -> "Calibration":
         """The same parts on `target`: each scaled by the rate it is bound by."""

@@ -58,8 +58,8 @@ def summarize(plan, results: dict[str, dict]) -> dict:
 
 
 def round_s(figures: dict, setting: str, rate: str = "last") -> tuple[float, float | None]:
-    """(dense's round, PowerSGD's round), seconds, at the setting's `last` (sustained) or `first`
-    (burst) window rate."""
+    """(the dense buckets' round, the compressed buffers' round or None), seconds, at the setting's
+    `last` (sustained) or `first` (burst) window rate."""
     f = figures["settings"][setting]
     dense = f["dense_round_bytes"] / f[f"dense_{rate}_Bps"]
     return dense, f["powersgd_round_s"]
@@ -71,8 +71,8 @@ def update_s(plan, arm: str, update: int, compute_s: float, figures: dict, setti
     kind = plan.arm(arm)
     if not kind.is_ddp:
         return compute_s
-    dense, psgd = round_s(figures, setting or figures["best"], rate)
-    exchange = psgd if kind.compresses(update) and psgd is not None else dense
+    dense, compressed = round_s(figures, setting or figures["best"], rate)
+    exchange = kind.method.link_round_s(kind, update, dense, compressed)
     return compute_s * compute_share(plan, arm, figures)[0] + exchange
 
 

@@ -57,12 +57,6 @@ DEFAULT_HOSTS = ML.DEFAULT_HOSTS
 PLOT_RATES_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 
 
-def staging_bytes(plan) -> float:
-    """The staging that lets PowerSGD's error up during the micro-batches: the fast hook's, where it
-    folds the error in (`powersgd.fold_errors`); otherwise each bucket's error moves in its call."""
-    return plan.powersgd.staging_mb * 2**20 if plan.powersgd.fold_errors else 0.0
-
-
 class Hosts:
     """The study's hosts under one plan, workload and calibration."""
 
@@ -77,7 +71,6 @@ class Hosts:
         self.cost = calibration.scaled_to(gpu_cost.declared_gpu(plan))
         self.workload_source = workload_source
         self.exchange = exchange_bytes(plan, parameter_shapes(plan))
-        self.staging = staging_bytes(plan)
         self.dense_bytes, self.compressed_bytes = self.exchange.dense, self.exchange.compressed
 
     def logical_bytes(self, arm: str, update: int) -> float:
@@ -87,8 +80,8 @@ class Hosts:
         cost = cost or self.cost
         kind = self.plan.arm(arm)
         if not kind.is_ddp:
-            return cost.seconds(kind, row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
-        t = cost.seconds(kind, row["w2"]["padded_tokens"], row["w2"]["micro_batches"], update, self.staging)
+            return cost.seconds(kind, self.plan, row["w1"]["padded_tokens"], row["w1"]["micro_batches"])
+        t = cost.seconds(kind, self.plan, row["w2"]["padded_tokens"], row["w2"]["micro_batches"], update)
         link = 0.0 if math.isinf(rate_mbit) else wire_bytes_per_rank(self.logical_bytes(arm, update), world) * 8 / (rate_mbit * 1e6)
         return t + link
 
@@ -201,11 +194,11 @@ def compute(plan, record: dict, workload_source: str, calibration: gpu_cost.Cali
     m = record["median"]
     shape = {a.name: (m["w2_padded_tokens"], m["w2_micro_batches"]) if a.is_ddp
              else (m["w1_padded_tokens"], m["w1_micro_batches"]) for a in plan.arm_list()}
-    per_update = {a.name: h.cost.parts(a, *shape[a.name], staging_bytes=h.staging) for a in plan.arm_list()}
-    copies = {a.name: h.cost.copies(a, *shape[a.name], h.staging) | {"host_link_gbps": h.cost.gpu.pinned_both_gbps}
-              for a in plan.arm_list() if a.has_powersgd}
+    per_update = {a.name: h.cost.parts(a, plan, *shape[a.name]) for a in plan.arm_list()}
+    details = {a.name: a.method.cost_details(h.cost, a, plan, *shape[a.name]) for a in plan.arm_list()}
+    copies = {name: d | {"host_link_gbps": h.cost.gpu.pinned_both_gbps} for name, d in details.items() if d}
     curves = [{"arm": a.name, "hosts": w, "rate_mbit": g * 1e3, "speed_ratio": h.ratio(a.name, w, g * 1e3),
-               "compressed": a.has_powersgd}
+               "compressed": a.method.compresses_gradient}
               for a in plan.arm_list() if a.is_ddp for w in hosts for g in PLOT_RATES_GBIT]
     return {"machine": f"{len(plan.infra.hosts)} x {plan.infra.instance_type} ({plan.infra.gpu}), a projection",
             "link_mbit": plan.infra.link_gbit * 1e3, "rows": h.table(), "parts_s": per_update,

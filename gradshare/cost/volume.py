@@ -1,8 +1,7 @@
 """What an exchange puts on the wire: one formula for each quantity, used by the loop's metering,
 the budget check, the cost table and the projection alike.
 
-    exchange_bytes(plan, shapes).of(plan.arm("powersgd"), u)  # one rank's payload at update u
-    logical_bytes_per_exchange(shapes, 4, rank)  # one rank's payload handed to one all-reduce
+    exchange_bytes(plan, shapes).of(plan.arm("powersgd"), u)  # one rank's payload at update u (its kind's count)
     wire_bytes_per_rank(logical, world)          # what a ring all-reduce sends (and receives) per rank
     cross_zone_bytes(logical, world)             # sent plus received by every host, hosts in two zones
 
@@ -14,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GRADIENT_BYTES = 4  # every arm exchanges FP32 gradients (PowerSGD: FP32 P and Q)
+from gradshare.kinds.base import GRADIENT_BYTES, gradient_elements
+
 WIRE_OVERHEAD = 1514 / 1448
 GB = 1e9
 
@@ -35,82 +35,30 @@ def cross_zone_bytes(logical_bytes: float, world: int) -> float:
     return 2 * wire_bytes_per_rank(logical_bytes, world) * world
 
 
-def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float) -> tuple[bool, int, int]:
-    """Upstream `powerSGD_hook._should_compress`, the same rule (tested against it) without
-    importing torch: the launcher and the budget check load none. (compress?, numel before, after)"""
-    uncompressed, compressed = rows * cols, (rows + cols) * rank
-    return compressed * min_compression_rate < uncompressed, uncompressed, compressed
-
-
-def logical_bytes_per_exchange(param_shapes: list[tuple[int, ...]], element_bytes: int,
-                               rank: int | None, min_compression_rate: float = 2.0) -> int:
-    """Logical (tensor-payload) bytes one rank contributes to one gradient exchange.
-
-    This is the volume upstream PowerSGD work quotes: elements handed to all-reduce times
-    `element_bytes`. It excludes protocol overhead and the all-reduce algorithm's own
-    factor (a ring all-reduce moves about 2(W-1)/W times this over each link).
-
-    `rank=None` is the dense all-reduce. Otherwise the per-tensor rule is upstream
-    `powerSGD_hook`'s, for every `min_compression_rate`: EVERY gradient, whatever its
-    ndim, is viewed as `tensor.view(tensor.shape[0], -1)`, an n x m matrix with
-    m = numel / n (a 1-D tensor of n elements is n x 1, a conv weight (o, i, kh, kw) is
-    o x (i*kh*kw)); r = min(n, m, rank); and `_should_compress(n, m, r, rate)` decides.
-    A compressed tensor contributes its P and Q, n*r + m*r elements, an uncompressed one
-    its n*m elements; these are the amounts upstream adds to its own counter
-    `total_numel_after_compression`. So a 1-D tensor (bias, norm) of n elements is
-    compressed, into n + 1 elements (more than n), iff (n + 1) * rate < n: with a rate
-    below 1 once n is large enough (rate 0.5: n >= 2), with a rate >= 1 never.
-
-    Zero-size tensors: a shape (n, 0, ...) with n > 0 is n x 0, r = 0, not compressed,
-    0 elements, as upstream. Upstream's hook cannot handle a 0-dim tensor (`shape[0]`
-    raises IndexError) or a leading size of 0 (`view(0, -1)` raises RuntimeError), so a
-    PowerSGD run with such a parameter would fail at its first compressed exchange; here
-    such shapes count as their numel (1 and 0), uncompressed, so that the count stays
-    defined for the other arms, which share this accounting.
-    """
-    elements = 0
-    for shape in param_shapes:
-        numel = 1
-        for size in shape:
-            numel *= size
-        if rank is None or len(shape) == 0 or shape[0] == 0:
-            elements += numel
-            continue
-        n = shape[0]
-        m = numel // n
-        r = min(n, m, rank)
-        compress, uncompressed, compressed = should_compress(n, m, r, min_compression_rate)
-        elements += compressed if compress else uncompressed
-    return elements * element_bytes
-
-
 @dataclass(frozen=True)
 class ExchangeBytes:
-    """One rank's logical bytes per exchange of the plan's model: the whole gradient (`dense`), and
-    PowerSGD's P and Q with the tensors it leaves uncompressed, at the plan's `powersgd.rank`
-    (`compressed`) and at every rank an arm of the plan uses (`by_rank`)."""
+    """One rank's logical bytes per exchange of the plan's model, arm by arm as each arm's kind
+    counts them (`ArmKind.payload`): in an update that does not compress and in one that does.
+    `dense` is the whole FP32 gradient; `compressed`, the candidate's compressed payload."""
     dense: int
     compressed: int
-    by_rank: dict[int, int] = field(default_factory=dict)
+    by_arm: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def of(self, arm, update: int) -> int:
-        """What `arm` (`Plan.arm(name)`) exchanges at `update` (1-based): nothing in one process,
-        P and Q at its rank once PowerSGD compresses, the whole gradient otherwise (its warm-up
-        included)."""
-        if not arm.is_ddp:
-            return 0
-        return self.by_rank[arm.rank] if arm.compresses(update) else self.dense
+        """What `arm` (`Plan.arm(name)`) exchanges at `update` (1-based), as its kind says: nothing
+        in one process, its compressed payload once it compresses, the plain one before."""
+        compresses = arm.compresses(update)  # its kind first: an unknown one is refused by name
+        plain, compressed = self.by_arm[arm.name]
+        return compressed if compresses else plain
 
 
 def exchange_bytes(plan, param_shapes: list[tuple[int, ...]]) -> ExchangeBytes:
-    """The bytes per update of every arm of `plan` (each PowerSGD arm's rank, the plan's compression
-    rule) for a model of `param_shapes`: the one figure the loop meters, the budget bills and the
-    projection sends."""
-    p = plan.powersgd
-    ranks = {p.rank} | {a.rank for a in plan.arm_list() if a.has_powersgd}
-    by_rank = {r: logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, r, p.min_compression_rate) for r in ranks}
-    return ExchangeBytes(dense=logical_bytes_per_exchange(param_shapes, GRADIENT_BYTES, None),
-                         compressed=by_rank[p.rank], by_rank=by_rank)
+    """The bytes per update of every arm of `plan` for a model of `param_shapes`, each by its kind:
+    the one figure the loop meters, the budget bills and the projection sends."""
+    by_arm = {a.name: a.method.payload(a, plan, param_shapes) for a in plan.arm_list()}
+    candidate = plan.arm(plan.arms.candidate)
+    return ExchangeBytes(dense=gradient_elements(param_shapes) * GRADIENT_BYTES,
+                         compressed=candidate.method.payload(candidate, plan, param_shapes)[1], by_arm=by_arm)
 
 
 def crosses_zones(plan, arm: str) -> bool:

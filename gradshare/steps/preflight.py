@@ -29,7 +29,6 @@ from gradshare.contract.errors import StudyError
 from gradshare.contract.plan import Plan
 from gradshare.contract.tags import NOTE, SOCKETS_BEST
 from gradshare.cost import limits, measured, projection
-from gradshare.cost.volume import should_compress
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import outbox, store, study_runs
@@ -40,12 +39,12 @@ ARTIFACT = "preflight.json"
 
 
 def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
-    """(dense's all-reduces per update, PowerSGD's per compressed update), bytes. Dense's are
-    DDP's buckets of the FP32 gradient as it rebuilds them after the first backward: parameters
-    in reverse order (about the order their gradients come), each bucket closed once it holds
-    `powersgd.bucket_cap_mb` (checked against DDP's own in the tests). PowerSGD's are each
-    bucket's P and its Q (the compressed matrices' n x r and m x r) and what it leaves
-    uncompressed."""
+    """(dense's all-reduces per update, a compressed update's), bytes. Dense's are DDP's buckets
+    of the FP32 gradient as it rebuilds them after the first backward: parameters in reverse order
+    (about the order their gradients come), each bucket closed once it holds
+    `powersgd.bucket_cap_mb` (checked against DDP's own in the tests). The compressed update's
+    are what the kind of the candidate (or else of the first arm whose kind has any) sends from
+    those buckets (`ArmKind.probe_buffers`); none where no kind has its own."""
     cap = plan.powersgd.bucket_cap_mb * 2**20
     buckets: list[list[tuple[int, ...]]] = [[]]
     size = 0
@@ -56,21 +55,9 @@ def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[
         buckets[-1].append(shape)
         size += 4 * _numel(shape)
     dense = [sum(4 * _numel(s) for s in b) for b in buckets]
-    p = plan.powersgd
-    psgd = []
-    for b in buckets:
-        ps = qs = flat = 0
-        for s in b:
-            n = s[0] if s else 1
-            m = _numel(s) // n if n else 0
-            r = min(n, m, p.rank)
-            compress, _, _ = should_compress(n, m, r, p.min_compression_rate)
-            if compress:
-                ps, qs = ps + n * r, qs + m * r
-            else:
-                flat += _numel(s)
-        psgd += [4 * x for x in (flat, ps, qs) if x]
-    return dense, psgd
+    arms = sorted(plan.arm_list(), key=lambda a: a.name != plan.arms.candidate)
+    compressed = next((got for a in arms if (got := a.method.probe_buffers(a, plan, buckets)) is not None), [])
+    return dense, compressed
 
 
 PROBE_LOG_LINES = 80

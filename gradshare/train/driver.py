@@ -552,10 +552,9 @@ def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: i
     if resume is None:
         mlflow.set_tags({ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
         print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
-        row = plan.arm(arm)  # the arm's row as columns of the runs table: its kind, and PowerSGD's own settings
+        row = plan.arm(arm)  # the arm's row as columns of the runs table: its kind, and the kind's own settings
         mlflow.log_params({"arm": arm, "kind": row.kind, "processes": row.processes, "device": plan.hardware.device,
-                           **({"powersgd_rank": row.rank, "powersgd_warmup_updates": row.warmup_updates}
-                              if row.has_powersgd else {}),
+                           **row.method.run_params(row),
                            "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
                            "main_process_ip": launch.main_process_ip, "attempt": attempt,
                            "timeout_s": plan.arms.timeout_s(plan.schedule.updates),

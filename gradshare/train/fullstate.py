@@ -6,9 +6,10 @@
 One directory per update, `u00040/`:
   model.pt        the model's state_dict (DDP keeps every rank's weights equal: rank 0's)
   optimizer.pt    AdamW's state_dict (equal on every rank, as the weights)
-  rank0.pt ...    one per rank: Python, NumPy and torch RNG states, and the rank's PowerSGD
-                  state (upstream's slots: iteration, P and Q memories, its RNG, the error
-                  dict; and `host_error`, the FP32 error feedback) or None
+  rank0.pt ...    one per rank: Python, NumPy and torch RNG states, and the rank's hook state
+                  as its arm's kind saves it (`ExchangeHook.saved`; PowerSGD's: upstream's
+                  slots, iteration, P and Q memories, its RNG, the error dict, and `host_error`,
+                  the FP32 error feedback), or None
   loop.pt         the schedule position (updates done) and the loop's running totals
                   (losses, active seconds, tokens, logical and wire bytes), so that the
                   summary of a resumed arm is that of an uninterrupted one
@@ -28,14 +29,11 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 # torch: inside the functions that save, load and set states; the driver, which loads no torch,
 # verifies a full state's manifest with this module.
-if TYPE_CHECKING:
-    import torch
 
 MANIFEST = "manifest.json"
 
@@ -58,39 +56,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-
-
-def powersgd_state(state) -> dict | None:
-    """A PowerSGD state's picklable content (upstream's __getstate__ plus host_error)."""
-    import torch
-    if state is None:
-        return None
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # host_error is written on side streams
-    return state.__getstate__()
-
-
-def restore_powersgd_state(state, saved: dict, bucket_sizes: dict[int, int] | None = None,
-                           device: torch.device | None = None) -> None:
-    """Put a saved PowerSGD state into a freshly made one, checking each staged error's size
-    against the bucket it belongs to where the sizes are known. Read onto the CPU, the P and
-    Q memories (and any device error) go back to `device`; the FP32 host error stays in host
-    memory, pinned where the device is a GPU (its copies run on side streams)."""
-    if bucket_sizes is not None:
-        for index, err in saved.get("host_error", {}).items():
-            want = bucket_sizes.get(index)
-            if want is not None and err.numel() != want:
-                raise FullStateError(f"the saved error feedback of bucket {index} has {err.numel()} elements, "
-                                     f"the model's bucket {want}: the checkpoint is of another model or layout")
-    state.__setstate__(saved)
-    if device is None:
-        return
-    for name in ("p_memory_dict", "q_memory_dict", "error_dict"):
-        held = getattr(state, name, None)
-        if held:
-            setattr(state, name, {k: v.to(device) for k, v in held.items()})
-    if device.type == "cuda" and getattr(state, "host_error", None):
-        state.host_error = {k: v.pin_memory() for k, v in state.host_error.items()}
 
 
 def _sha256_of(path: Path) -> str:

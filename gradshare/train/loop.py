@@ -1,15 +1,14 @@
 """The one training loop of every arm.
 
-The arms differ only in how the gradient is communicated:
-  single    one process, 32 documents per update by gradient accumulation
-  dense     DDP, plain all-reduce of the full gradient
-  powersgd  DDP with the PowerSGD hook (host-resident FP32 error feedback)
-Everything else — seed, schedule, global target normalisation, clipping, AdamW — is
-the same code path. Run by `gradshare.train.worker` under `accelerate launch`.
+The arms differ only in how the gradient is communicated, which their kind
+(`gradshare.kinds`) decides: one process by gradient accumulation, or DDP with the kind's hook
+(`ArmKind.attach`: none for dense, PowerSGD's with its host-resident FP32 error). Everything
+else — seed, schedule, global target normalisation, clipping, AdamW — is the same code path.
+Run by `gradshare.train.worker` under `accelerate launch`.
 
-An update reads top to bottom: learning rate; micro-batches under `no_sync` until
-the last (so exactly one gradient exchange per update), PowerSGD's host error folded into the
-gradients between them where `powersgd.fold_errors`; the global loss; clip; step;
+An update reads top to bottom: learning rate; micro-batches under `no_sync` until the last (so
+exactly one gradient exchange per update), the kind's hook told between them (PowerSGD folds its
+host error into the gradients there, where `powersgd.fold_errors`); the global loss; clip; step;
 `zero_grad(set_to_none=True)`; metering.
 """
 from __future__ import annotations
@@ -28,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gradshare.contract import metrics as M
 from gradshare.contract.arms_plan import Arm
 from gradshare.contract.plan import Plan
+from gradshare.kinds.base import ExchangeHook
 from gradshare.cost.volume import ExchangeBytes, exchange_bytes
 from gradshare.data.documents import encode
 from gradshare.data.schedule import rank_share, update_sha256
@@ -45,7 +45,6 @@ from gradshare.train import faults as F
 from gradshare.train import fullstate
 from gradshare.train.graphs import StaticSteps, made_up_batch
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
-from gradshare.train.powersgd import fold_errors, hook_for, make_powersgd_state, prefetch_errors
 from gradshare.train.profiling import ProfileRequest, profiled
 from gradshare.util.devices import indexed
 
@@ -63,9 +62,9 @@ class LoopResult:
     logical_bytes_post_warmup: int = 0
     wire: dict = field(default_factory=dict)  # host id -> summed deltas of the update windows
     wire_first: list = field(default_factory=list)  # every rank's counters as update 1 starts
-    hook_passes: int | None = None  # PowerSGD state's exchange count: one per update
+    hook_passes: int | None = None  # the kind's hook's exchange count (one per update), where it counts
     graphs: dict | None = None  # packed micro-batches: shapes prepared, graphs captured, why not
-    error_prefetched_bytes: int = 0  # PowerSGD host error sent up during the micro-batches
+    error_prefetched_bytes: int = 0  # what the hook sent beside the micro-batches (PowerSGD's host error)
 
 
 @dataclass
@@ -89,10 +88,11 @@ class FullStatePolicy:
 _TOTALS = ("losses", "active_s", "tokens", "logical_bytes", "logical_bytes_post_warmup", "wire")
 
 
-def _save_full_state(fs: FullStatePolicy, u: int, arm: str, model, opt, psgd_state, res: "LoopResult",
+def _save_full_state(fs: FullStatePolicy, u: int, arm: str, model, opt, hook: ExchangeHook, res: "LoopResult",
                      rank: int, world: int) -> None:
-    """Every rank's RNG and PowerSGD state to rank 0, which writes the whole state atomically."""
-    mine = {"rng": fullstate.rng_state(), "powersgd": fullstate.powersgd_state(psgd_state)}
+    """Every rank's RNG and hook state (its kind's, `ExchangeHook.saved`) to rank 0, which writes
+    the whole state atomically."""
+    mine = {"rng": fullstate.rng_state(), "hook": hook.saved()}
     if world > 1:
         ranks = [None] * world if rank == 0 else None
         dist.gather_object(mine, ranks, dst=0)
@@ -143,12 +143,13 @@ def prebuild_buckets(ddp, width: int, vocab: int) -> None:
     ddp(ids=None).backward()
 
 
-def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hook: bool = True):
-    """The model with its token loss (`TokenLoss`); `single`: as is, `dense`/`powersgd`: in DDP,
-    with the PowerSGD hook for the latter. The plan's hardware levers are applied here, in
-    one place, and each computes the same function as the plain path. `register_hook=False`:
-    the PowerSGD state is made but not registered (resume registers it once DDP's buckets are
-    final and the saved state is restored into it)."""
+def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device,
+                 register_hook: bool = True) -> tuple[torch.nn.Module, ExchangeHook]:
+    """The model with its token loss (`TokenLoss`), and the hook of the arm's kind: one process
+    as is (no hook), a DDP kind in DDP with its kind's hook (`ArmKind.attach`). The plan's
+    hardware levers are applied here, in one place, and each computes the same function as the
+    plain path. `register_hook=False`: the hook is made but not registered (resume registers it
+    once DDP's buckets are final and the saved state is restored into it)."""
     h = plan.hardware
     static = plan.schedule.micro_batch_tokens > 0  # packed micro-batches: a few fixed shapes
     if h.activation_checkpointing:
@@ -157,7 +158,7 @@ def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hoo
         compile_layers(model, static_shapes=static)
     net = TokenLoss(model, h.loss_chunk_tokens, compile_loss=h.compile, static_shapes=static)
     if not arm.is_ddp:
-        return net, None
+        return net, ExchangeHook()
     if h.gradient_as_bucket_view and not prebuilds_buckets(plan):
         # Gradients that exist when DDP is built become bucket views at once; left None, the
         # first update's no_sync micro-batches would accumulate into fresh tensors beside the
@@ -173,19 +174,10 @@ def wrap_for_arm(model, arm: Arm, plan: Plan, device: torch.device, register_hoo
     if prebuilds_buckets(plan):
         prebuild_buckets(ddp, plan.data.max_doc_tokens, model.get_input_embeddings().weight.shape[0])
         ddp.zero_grad(set_to_none=False)
-    state = None
-    if arm.has_powersgd:
-        p = plan.powersgd
-        # a fresh GPU run pins its whole host error now (a resumed one brings its own)
-        pool = sum(q.numel() for q in model.parameters() if q.requires_grad) \
-            if (device.type == "cuda" and register_hook and p.hook == "fast") else 0
-        state = make_powersgd_state(dist.group.WORLD, arm.rank, arm.warmup_updates, p.warm_start,
-                                    p.error_feedback, p.min_compression_rate, plan.study.seed,
-                                    hook=p.hook, orthogonalization=p.orthogonalization,
-                                    staging_mb=p.staging_mb, host_error_numel=pool)
-        if register_hook:
-            ddp.register_comm_hook(state, hook_for(p.error_feedback, p.hook))
-    return ddp, state
+    hook = arm.method.attach(ddp, arm, plan, device, fresh=register_hook)
+    if register_hook:
+        hook.register()
+    return ddp, hook
 
 
 class LimitStop(RuntimeError):
@@ -261,7 +253,7 @@ def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedul
 
     `full_state`: save a full state every N updates, and/or continue from one: the weights and
     AdamW state are loaded, DDP makes one plain pass (its bucket rebuild, no update) before
-    the restored PowerSGD state is registered, each rank's RNG is restored, and the loop
+    the kind's hook, restored from its saved state, is registered, each rank's RNG is restored, and the loop
     goes on from the next update with its running totals.
 
     `profile` (`gradshare.train.profiling`): one update profiled into a table.
@@ -299,7 +291,7 @@ class _Arm:
     model: torch.nn.Module
     params: list
     opt: torch.optim.Optimizer
-    psgd_state: object  # PowerSGD's state (powersgd), else None
+    hook: ExchangeHook  # the kind's hook on DDP (the base one: DDP's own all-reduce, or no DDP)
     steps: StaticSteps | None  # packed micro-batches' static steps, else None
     encoded: dict
     lengths: dict
@@ -327,7 +319,7 @@ class _Update:
 
 
 def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, world, resume, log) -> _Arm:
-    """The arm's model (in DDP, with its PowerSGD state), optimizer and encoded documents."""
+    """The arm's model (in DDP, with its kind's hook), optimizer and encoded documents."""
     packed = plan.schedule.micro_batch_tokens > 0
     o = plan.optim
     encoded = {i: encode(tokenizer, d, schedule["max_doc_tokens"]) for i, d in docs.items()}
@@ -340,7 +332,7 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-    net, psgd_state = wrap_for_arm(model, arm, plan, device, register_hook=resume is None)
+    net, hook = wrap_for_arm(model, arm, plan, device, register_hook=resume is None)
     opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                             weight_decay=o.weight_decay, **({"fused": True} if plan.hardware.fused_adamw else {}))
     if resume:
@@ -353,15 +345,15 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
         steps = StaticSteps(inner, device, torch.bfloat16 if bf16 else None, plan.hardware.cuda_graphs,
                             model.get_input_embeddings().weight.shape[0], log)
     return _Arm(
-        plan=plan, arm=arm, net=net, model=model, params=params, opt=opt, psgd_state=psgd_state, steps=steps,
+        plan=plan, arm=arm, net=net, model=model, params=params, opt=opt, hook=hook, steps=steps,
         encoded=encoded, lengths={i: len(e[0]) for i, e in encoded.items()}, pad_id=tokenizer.pad_token_id,
         device=device, rank=rank, world=world,
         # Gradients that are DDP bucket views or graph inputs must stay where they are: zero them
         # in place. Set to None, the next micro-batches would accumulate into fresh tensors beside them.
         grads_to_none=not packed and not (arm.is_ddp and plan.hardware.gradient_as_bucket_view),
         autocast=torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext(),
-        # The main stream only: the PowerSGD error's copies back to the host may run on into the
-        # next update, where they overlap its forward.
+        # The main stream only: a hook's copies on side streams (PowerSGD's error back to the host)
+        # may run on into the next update, where they overlap its forward.
         sync=torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None,
         faults=F.from_env(),
         exchange=exchange_bytes(plan, shapes),
@@ -370,8 +362,8 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
 
 def _restore(a: _Arm, resume: dict, schedule: dict, res: LoopResult) -> int:
     """Continue from a full state: the running totals, DDP's first pass (its bucket rebuild, no
-    update) before the saved PowerSGD state is registered, each rank's RNG. Returns the first
-    update to run."""
+    update) before the hook is restored from its saved state and registered, each rank's RNG.
+    Returns the first update to run."""
     first = resume["loop"]["update"] + 1
     for k in _TOTALS:
         setattr(res, k, resume["loop"][k])
@@ -382,10 +374,9 @@ def _restore(a: _Arm, resume: dict, schedule: dict, res: LoopResult) -> int:
         ids, att, tgt = collate([a.encoded[i] for i in mb.docs], a.pad_id, a.device)
         a.net(ids, att, tgt).sum().backward()
         a.opt.zero_grad(set_to_none=a.grads_to_none)
-    if a.psgd_state is not None:
-        p = a.plan.powersgd
-        fullstate.restore_powersgd_state(a.psgd_state, resume["ranks"][a.rank]["powersgd"], device=a.device)
-        a.net.register_comm_hook(a.psgd_state, hook_for(p.error_feedback, p.hook))
+    if a.arm.is_ddp:
+        a.hook.restore(resume["ranks"][a.rank]["hook"], a.device)
+        a.hook.register()
     fullstate.set_rng_state(resume["ranks"][a.rank]["rng"])
     a.log(f"[{a.arm.name}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
     return first
@@ -404,12 +395,10 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
     with Clock(a.sync) as clock:
         a.faults.during_update(a.rank)
         inputs = _host_inputs(a.plan, mbs, a.encoded, a.pad_id, a.device)
-        if a.psgd_state is not None:  # the host error travels up during the micro-batches
-            res.error_prefetched_bytes += prefetch_errors(a.psgd_state)
+        res.error_prefetched_bytes += a.hook.before_micro_batches()  # PowerSGD: its host error goes up
 
-        def between():  # PowerSGD: the errors sent up so far into the gradients, the next ones up
-            if a.psgd_state is not None and a.plan.powersgd.fold_errors:
-                res.error_prefetched_bytes += fold_errors(a.psgd_state)
+        def between():
+            res.error_prefetched_bytes += a.hook.between_micro_batches()
         # Sum of token losses over the global batch / its target count; DDP averages over
         # ranks, so each rank scales by world to undo it.
         scale = a.world / n_global
@@ -451,13 +440,12 @@ def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_do
              books: _Accounts, limits, on_step, eta: float) -> tuple[str, str] | None:
     """The update's bytes and totals on every rank; on rank 0 its metrics, the limits' decision
     and the tracking's answer, and the progress line. Returns rank 0's reason to stop, if any."""
-    compressed = a.arm.compresses(u)
     step_bytes = a.exchange.of(a.arm, u)
     res.losses.append(out.loss)
     res.active_s += out.seconds
     res.tokens += out.tokens
     res.logical_bytes += step_bytes
-    if compressed or (a.arm.is_ddp and not a.arm.has_powersgd):  # upstream's figure: no warm-up exchanges
+    if u > a.arm.warmup_updates:  # upstream's figure: no warm-up exchanges
         res.logical_bytes_post_warmup += step_bytes
     if a.rank != 0:
         return None
@@ -530,9 +518,9 @@ def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world
         if full_state and full_state.saves_after(u, total):
             if heartbeat is not None:  # a save and its upload: no update bound fits them
                 heartbeat.phase("full state")
-            _save_full_state(full_state, u, a.arm.name, model, a.opt, a.psgd_state, res, rank, world)
+            _save_full_state(full_state, u, a.arm.name, model, a.opt, a.hook, res, rank, world)
             if heartbeat is not None:
                 heartbeat.phase("updates")
         _agree_to_stop(a, stop, u)
-    res.hook_passes = a.psgd_state.iter if a.psgd_state is not None else None
+    res.hook_passes = a.hook.passes()
     return res

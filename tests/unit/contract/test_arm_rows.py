@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gradshare.contract.arms_plan import ARM_KINDS
+from gradshare.kinds import table
 from gradshare.contract.plan import PlanError, load_plan
-from gradshare.cost.volume import exchange_bytes, logical_bytes_per_exchange
+from gradshare.cost.volume import exchange_bytes
+from gradshare.kinds.powersgd import compressed_elements
 from gradshare.model.source import parameter_shapes
 
 REPO = Path(__file__).resolve().parents[3]
@@ -23,7 +24,7 @@ def test_a_fourth_arm_is_one_row_with_its_own_rank_and_the_plans_warm_up():
     p8 = plan.arm("powersgd8")
     assert (p8.kind, p8.processes, p8.rank, p8.warmup_updates) == ("powersgd", 2, 8, plan.powersgd.warmup_updates)
     assert plan.arm("powersgd").rank == plan.powersgd.rank == 32  # the row without its own rank
-    assert p8.is_ddp and p8.has_powersgd
+    assert p8.is_ddp and p8.method is table.of("powersgd")
     assert [a.name for a in plan.arm_list()] == list(plan.arms.names)
     own = load_plan("tiny", {"arms.rows": THREE + ",late:powersgd:2:rank=4:warmup=20"}).arm("late")
     assert (own.rank, own.warmup_updates) == (4, 20)
@@ -35,8 +36,8 @@ def test_each_arm_exchanges_at_its_own_rank():
     plan = load_plan("tiny", {"arms.rows": FOUR})
     shapes = parameter_shapes(plan)
     b = exchange_bytes(plan, shapes)
-    at8 = logical_bytes_per_exchange(shapes, 4, 8, plan.powersgd.min_compression_rate)
-    at32 = logical_bytes_per_exchange(shapes, 4, 32, plan.powersgd.min_compression_rate)
+    at8 = 4 * compressed_elements(shapes, 8, plan.powersgd.min_compression_rate)
+    at32 = 4 * compressed_elements(shapes, 32, plan.powersgd.min_compression_rate)
     assert at8 < at32 < b.dense
     last = plan.schedule.updates
     assert b.of(plan.arm("powersgd8"), last) == at8 and b.of(plan.arm("powersgd"), last) == at32
@@ -48,10 +49,10 @@ def test_each_arm_exchanges_at_its_own_rank():
 @pytest.mark.parametrize("rows, said", [
     ("single:single:2", "single is a single arm (one process that accumulates) but has 2 processes"),
     ("single:single:1,x:ddp:2", "kind 'ddp' is not one of single, dense, powersgd"),
-    ("single:single:1,dense:dense:2:rank=4", "rank= is a powersgd arm's setting, not a dense arm's"),
+    ("single:single:1,dense:dense:2:rank=4", "'rank=4' is not a setting of a dense arm (its settings: none)"),
     ("single:single:1,p:powersgd:2:rank=0", "p's rank=0 must be >= 1"),
     ("single:single:1,p:powersgd:2:warmup=1", "p's warmup_updates=1 must be >= 2"),
-    ("single:single:1,p:powersgd:2:rank=x", "'rank=x' is not one of rank=N, warmup=N"),
+    ("single:single:1,p:powersgd:2:rank=x", "'rank=x' is not a setting of a powersgd arm (its settings: rank=N, warmup=N)"),
     ("single:single:1,two words:dense:2", "the name 'two words' must be letters, digits, - or _"),
     ("single:single:1,dense:dense", "is not name:kind:processes"),
     ("single:single:1,dense:dense:two", "processes 'two' is not a whole number"),
@@ -74,26 +75,30 @@ def test_the_candidate_controls_and_speed_baseline_must_be_rows():
         load_plan("tiny", {"arms.rows": FOUR, "screen.speed_baseline": "powersgd4"})
 
 
-def _name_comparisons(path: Path) -> list[str]:
-    """`x == "dense"`, `arm in ("single", ...)`, `arm != "powersgd"` in one module: a comparison
-    of something with an arm kind's name as a literal."""
+def _name_comparisons(source: str) -> list[int]:
+    """Lines of `x == "dense"`, `arm in ("single", ...)`, `arm != "powersgd"` in one module: a
+    comparison of something with an arm kind's name as a literal."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Compare):
             continue
         for side in (node.left, *node.comparators):
             items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
-            if any(isinstance(x, ast.Constant) and x.value in ARM_KINDS for x in items):
-                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            if any(isinstance(x, ast.Constant) and x.value in table.names() for x in items):
+                found.append(node.lineno)
     return found
 
 
-def test_no_module_outside_the_plan_compares_an_arm_name_with_a_literal():
-    """The rows' kinds are compared in the plan alone (`contract/plan.py`, `contract/arms_plan.py`);
-    everything else asks `Plan.arm`."""
-    modules = [p for d in ("gradshare", "analysis", "entrypoints") for p in (REPO / d).rglob("*.py")]
+def test_no_module_compares_a_kind_name_or_asks_for_powersgd_by_name():
+    """Code asks an arm's kind (`Arm.method`) what it does; no module, the kinds' own included,
+    compares a kind's name with a literal or asks a yes/no question about one kind
+    (`has_powersgd`)."""
+    modules = [p for d in ("gradshare", "analysis", "entrypoints", "scripts", "benchmarks")
+               for p in (REPO / d).rglob("*.py")]
     assert len(modules) > 50
-    found = [hit for p in modules if p.name not in ("arms_plan.py", "plan.py") for hit in _name_comparisons(p)]
-    assert found == []
+    compared = [f"{p.relative_to(REPO)}:{line}" for p in modules for line in _name_comparisons(p.read_text())]
+    assert compared == []
+    asked = [str(p.relative_to(REPO)) for p in modules if "has_powersgd" in p.read_text()]
+    assert asked == []
     # the scan itself sees such a comparison where one is
-    assert _name_comparisons(REPO / "gradshare" / "contract" / "arms_plan.py")
+    assert _name_comparisons('if arm.kind == "powersgd":\n    pass\nok = kind in ("single", "x")\n') == [1, 3]

@@ -55,7 +55,7 @@ def test_each_arm_answers_what_it_exchanges_and_when():
     warm = plan.powersgd.warmup_updates
     single, dense, powersgd = (plan.arm(a) for a in ("single", "dense", "powersgd"))
     assert (single.is_ddp, dense.is_ddp, powersgd.is_ddp) == (False, True, True)
-    assert (single.has_powersgd, dense.has_powersgd, powersgd.has_powersgd) == (False, False, True)
+    assert [a.method.compresses_gradient for a in (single, dense, powersgd)] == [False, False, True]
     assert [powersgd.compresses(u) for u in (1, warm, warm + 1, plan.schedule.updates)] == [False, False, True, True]
     assert not any(dense.compresses(u) or single.compresses(u) for u in range(1, plan.schedule.updates + 1))
     assert (single.processes, dense.processes, powersgd.processes) == (1, 2, 2)

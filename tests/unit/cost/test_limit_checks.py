@@ -38,11 +38,12 @@ def test_the_check_counts_host_seconds_and_cross_zone_bytes_against_the_bound():
 
 def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
     from gradshare.model.source import parameter_shapes
-    from gradshare.cost.volume import WIRE_OVERHEAD, logical_bytes_per_exchange
+    from gradshare.cost.volume import WIRE_OVERHEAD
+    from gradshare.kinds.base import gradient_elements
 
     plan = load_plan("tiny", {})
     shapes = parameter_shapes(plan)
-    dense = logical_bytes_per_exchange(shapes, 4, None)
+    dense = 4 * gradient_elements(shapes)
     assert dense == 4 * sum(int(__import__("math").prod(s)) for s in shapes)
     # two hosts: each sends and receives the logical volume once per update
     assert L.expected_cross_bytes(plan, "dense") == pytest.approx(128 * dense * WIRE_OVERHEAD * 4)

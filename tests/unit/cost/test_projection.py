@@ -41,23 +41,24 @@ def test_each_part_scales_by_the_rate_it_is_bound_by():
     target = gpu_cost.GpuRates("half", matmul_tflops=400.0, memory_gbps=1000.0, pinned_both_gbps=50.0, source="-")
     c = _calibration().scaled_to(target)
     plan = load_plan("full", {})
-    parts = c.parts(plan.arm("powersgd"), 2048, 1)
+    parts = c.parts(plan.arm("powersgd"), plan, 2048, 1)
     assert parts["matrix"] == pytest.approx(2048 * 20e-6 * 2)  # half the matrix rate
     assert parts["micro_batches"] == pytest.approx(0.005 * 4)  # a quarter of the memory bandwidth
     assert parts["fixed"] == pytest.approx(0.08) and parts["dense_extra"] == pytest.approx(0.04)
     assert parts["compress"] == pytest.approx(0.12)
     # up and down, both ways at once, at half the rate; with no staging only the compression covers them
     assert parts["error_copies_exposed"] == pytest.approx(2 * 6e9 / 50e9)  # measured with no overlap
-    assert set(c.parts(plan.arm("single"), 1, 1)) == {"matrix", "micro_batches", "fixed"}
+    assert set(c.parts(plan.arm("single"), plan, 1, 1)) == {"matrix", "micro_batches", "fixed"}
     # PowerSGD's warm-up update is a plain all-reduce: dense's parts, no compression or copies
-    assert c.parts(plan.arm("powersgd"), 1, 1, update=1) == c.parts(plan.arm("dense"), 1, 1)
+    assert c.parts(plan.arm("powersgd"), plan, 1, 1, update=1) == c.parts(plan.arm("dense"), plan, 1, 1)
 
 
 def test_the_error_copies_hide_behind_the_micro_batches_as_far_as_the_staging_lets_them():
     # a 20e-6 s/token, b 0.005 s/micro-batch, compression 0.03 s, 6 GB of error, 100 GB/s, measured on the
     # hook that folds the error in during the micro-batches
     c = replace(_calibration(), copy_overlap="fold")
-    psgd = load_plan("full", {}).arm("powersgd")
+    plan = load_plan("full", {})
+    psgd = plan.arm("powersgd")
     copies = 2 * 6e9 / 100e9  # 0.12 s, up and down at once
     # one micro-batch of 2,048 tokens (0.046 s of compute), 1 GB of staging: 1 GB up at 50 GB/s (0.02 s)
     got = c.copies(psgd, 2048, 1, 1e9)
@@ -71,11 +72,15 @@ def test_the_error_copies_hide_behind_the_micro_batches_as_far_as_the_staging_le
     assert short["covered_s"] == pytest.approx(100 * 20e-6 + 0.005 + 0.03)
     # the parts carry the exposed copies; an arm at rank 8 keeps the rank-32 compression where one rank
     # was measured, and follows the slope where two were
-    assert c.parts(psgd, 2048, 1, staging_bytes=1e9)["error_copies_exposed"] == pytest.approx(got["exposed_s"])
-    rank8 = load_plan("full", {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2:rank=8"}).arm("powersgd")
+    staged = load_plan("full", {"powersgd.fold_errors": "true", "powersgd.hook": "fast", "powersgd.staging_mb": "1000"})
+    assert staged.powersgd.staging_bytes() == 1000 * 2**20
+    assert c.parts(psgd, staged, 2048, 1)["error_copies_exposed"] == pytest.approx(
+        c.copies(psgd, 2048, 1, 1000 * 2**20)["exposed_s"])
+    rank8_plan = load_plan("full", {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2:rank=8"})
+    rank8 = rank8_plan.arm("powersgd")
     assert c.compression_s(rank8.rank) == pytest.approx(0.03)
     sloped = replace(c, compress_s_per_rank=0.0005)
-    assert sloped.parts(rank8, 2048, 1)["compress"] == pytest.approx(0.03 - 24 * 0.0005)
+    assert sloped.parts(rank8, rank8_plan, 2048, 1)["compress"] == pytest.approx(0.03 - 24 * 0.0005)
     # a calibration measured on a hook that moves each bucket's error in its own call covers nothing
     whole = _calibration().copies(psgd, 8 * 2048, 8, 6e9)
     assert (whole["covered_s"], whole["exposed_s"]) == (0.0, pytest.approx(copies))
@@ -102,10 +107,10 @@ def test_the_projection_with_a_folding_calibration_by_hand():
     assert "declared: infra.host_pinned_both_gbps" in p["host_link_source"]
     assert f"exposed {exposed:.3f} s" in P.markdown(p)
     # without the fold nothing lets the error up during the micro-batches: only the compression covers
-    unfolded = P.Hosts(load_plan("full", {"schedule.updates": "128"}), _record(n_updates=16), cal, "by hand")
-    assert unfolded.staging == 0.0
-    psgd = plan.arm("powersgd")
-    assert cal.copies(psgd, 2048, 1, unfolded.staging)["exposed_s"] == pytest.approx(2 * 6e9 / both - 0.03)
+    unfolded = load_plan("full", {"schedule.updates": "128"})
+    assert unfolded.powersgd.staging_bytes() == 0.0
+    psgd = unfolded.arm("powersgd")
+    assert cal.parts(psgd, unfolded, 2048, 1)["error_copies_exposed"] == pytest.approx(2 * 6e9 / both - 0.03)
 
 
 def test_the_study_hosts_by_hand():
@@ -155,8 +160,8 @@ def test_documents_half_as_long_shrink_the_matrix_part_only():
     assert half["median"]["input_tokens"] == full["median"]["input_tokens"] / 2
     h_full, h_half = (P.Hosts(plan, r, gpu_cost.load(), "by hand") for r in (full, half))
     for arm in ("dense", "powersgd"):  # a rank's 16 documents: one micro-batch either way
-        a = h_full.cost.parts(plan.arm(arm), full["median"]["w2_padded_tokens"], full["median"]["w2_micro_batches"])
-        b = h_half.cost.parts(plan.arm(arm), half["median"]["w2_padded_tokens"], half["median"]["w2_micro_batches"])
+        a = h_full.cost.parts(plan.arm(arm), plan, full["median"]["w2_padded_tokens"], full["median"]["w2_micro_batches"])
+        b = h_half.cost.parts(plan.arm(arm), plan, half["median"]["w2_padded_tokens"], half["median"]["w2_micro_batches"])
         assert {k for k in a if a[k] != b[k]} == {"matrix"}
         assert b["matrix"] == pytest.approx(a["matrix"] / 2)
 
@@ -287,13 +292,14 @@ def test_the_link_benchmark_refits_a_recorded_result(tmp_path):
 
 
 def test_one_function_gives_every_arms_bytes_per_update_for_the_loop_the_budget_and_the_projection():
-    from gradshare.cost.volume import exchange_bytes, logical_bytes_per_exchange
+    from gradshare.cost.volume import exchange_bytes
+    from gradshare.kinds.powersgd import compressed_elements
 
     plan = load_plan("tiny", {"powersgd.warmup_updates": "3"})
     shapes = [(512, 256), (256,), (1024, 512)]
     b = exchange_bytes(plan, shapes)
     assert b.dense == 4 * (512 * 256 + 256 + 1024 * 512)
-    assert b.compressed == logical_bytes_per_exchange(shapes, 4, plan.powersgd.rank, plan.powersgd.min_compression_rate)
+    assert b.compressed == 4 * compressed_elements(shapes, plan.powersgd.rank, plan.powersgd.min_compression_rate)
     assert b.compressed < b.dense
     assert [b.of(plan.arm("single"), u) for u in (1, 4)] == [0, 0]
     assert [b.of(plan.arm("dense"), u) for u in (1, 3, 4)] == [b.dense] * 3

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gradshare.contract.plan import PlanError, load_plan
 from tests.two_ranks import run_two_ranks
-from gradshare.train.powersgd import (
+from gradshare.kinds.powersgd_hook import (
     FastHostErrorPowerSGDState,
     fast_host_error_powerSGD_hook,
     fold_errors,
@@ -172,7 +172,7 @@ def test_fast_hook_keeps_the_error_on_the_host_in_several_buckets(two_ranks, mat
 
 
 def test_same_shaped_matrices_at_equal_distances_multiply_as_one_batch_without_a_copy():
-    from gradshare.train.powersgd import _as_batch, _product
+    from gradshare.kinds.powersgd_hook import _as_batch, _product
 
     buffer = torch.randn(200, dtype=torch.float64)
     spaced = [buffer[s:s + 12].view(3, 4) for s in (10, 40, 70)]  # 30 apart: a 12-element matrix and a gap

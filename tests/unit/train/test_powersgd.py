@@ -19,14 +19,21 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tests.two_ranks import run_two_ranks
-from gradshare.cost.volume import logical_bytes_per_exchange, should_compress
-from gradshare.train.powersgd import (
+from gradshare.kinds.base import gradient_elements
+from gradshare.kinds.powersgd import compressed_elements, should_compress
+from gradshare.kinds.powersgd_hook import (
     HostErrorPowerSGDState,
     host_error_powerSGD_hook,
     hook_for,
     make_powersgd_state,
     powerSGD_hook_cpu_safe,
 )
+
+
+def logical_bytes_per_exchange(shapes, element_bytes, rank, rate=2.0):
+    """One rank's payload as the kinds count it: the whole gradient (`rank=None`, dense) or
+    PowerSGD's P, Q and uncompressed tensors at `rank`, in `element_bytes` per element."""
+    return element_bytes * (gradient_elements(shapes) if rank is None else compressed_elements(shapes, rank, rate))
 
 WORLD = 2
 SEED = 1234

@@ -11,14 +11,16 @@ here only the bucket currently being exchanged has a transient device copy.
                                 error_feedback="fp32-host", min_compression_rate=2.0, seed=0)
     ddp_model.register_comm_hook(state, hook_for("fp32-host"))
 
-`gradshare.cost.volume.logical_bytes_per_exchange` gives the per-rank payload that the study reports
-as communication volume.
+`gradshare.kinds.powersgd.compressed_elements` gives the per-rank payload that the study reports
+as communication volume; `Attached` is what the `powersgd` kind hands the training loop.
 """
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
 # annotations against the real dist.GradBucket / Future classes, not strings.
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from gradshare.kinds.base import ExchangeHook
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
     PowerSGDState,
     _orthogonalize,
@@ -609,3 +611,50 @@ def hook_for(error_feedback: str, hook: str = "upstream"):
     if hook == "fast":
         return fast_host_error_powerSGD_hook
     return host_error_powerSGD_hook if error_feedback == "fp32-host" else powerSGD_hook_cpu_safe
+
+
+class Attached(ExchangeHook):
+    """A `powersgd` arm's hook on one process's DDP: the state `make_powersgd_state` makes from the
+    plan's `powersgd` section and the arm's rank and warm-up, and the hook that goes with it."""
+
+    def __init__(self, ddp, arm, p, seed: int, device: torch.device, fresh: bool):
+        self.ddp, self.p = ddp, p
+        # a fresh GPU run pins its whole host error now (a resumed one brings its own)
+        pool = sum(q.numel() for q in ddp.parameters() if q.requires_grad) \
+            if (device.type == "cuda" and fresh and p.hook == "fast") else 0
+        self.state = make_powersgd_state(dist.group.WORLD, arm.rank, arm.warmup_updates, p.warm_start,
+                                         p.error_feedback, p.min_compression_rate, seed, hook=p.hook,
+                                         orthogonalization=p.orthogonalization, staging_mb=p.staging_mb,
+                                         host_error_numel=pool)
+
+    def register(self) -> None:
+        self.ddp.register_comm_hook(self.state, hook_for(self.p.error_feedback, self.p.hook))
+
+    def saved(self) -> dict:
+        """The state's picklable content (upstream's __getstate__ plus host_error)."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # host_error is written on side streams
+        return self.state.__getstate__()
+
+    def restore(self, saved: dict, device: torch.device) -> None:
+        """Read onto the CPU, the P and Q memories (and any device error) go back to `device`; the
+        FP32 host error stays in host memory, pinned where the device is a GPU (its copies run on
+        side streams)."""
+        state = self.state
+        state.__setstate__(saved)
+        for name in ("p_memory_dict", "q_memory_dict", "error_dict"):
+            held = getattr(state, name, None)
+            if held:
+                setattr(state, name, {k: v.to(device) for k, v in held.items()})
+        if device.type == "cuda" and getattr(state, "host_error", None):
+            state.host_error = {k: v.pin_memory() for k, v in state.host_error.items()}
+
+    def before_micro_batches(self) -> int:
+        return prefetch_errors(self.state)
+
+    def between_micro_batches(self) -> int:
+        # the errors sent up so far into the gradients, the next ones up
+        return fold_errors(self.state) if self.p.fold_errors else 0
+
+    def passes(self) -> int:
+        return self.state.iter
