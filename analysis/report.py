@@ -225,7 +225,7 @@ def markdown(rec: StudyRecord, v: dict, plot_paths: list[Path]) -> str:
                  else "the arms ran as CPU processes on one machine")
         md += [f"> **{v['emulation'][0].upper() + v['emulation'][1:]}.** {where[0].upper() + where[1:]}; their "
                f"times and dollars describe that machine. The study's hosts appear only as a projection.", ""]
-    md += _links(v)
+    md += _links(v, rec.plan)
     md += ["## Verdicts", "", "```", verdict_table(v), "```", "", "## Accuracy by family", "",
            "(A model's reason, where it has one, is in the verdict table above.)", "",
            "| model | status | " + " | ".join(fams) + " | overall | retention NLL (nats) |",
@@ -328,13 +328,15 @@ def _projection(p: dict, v: dict) -> list[str]:
     return md
 
 
-def _links(v: dict) -> list[str]:
-    """What carried each arm's gradient exchange; a loud line where no byte crossed a link."""
+def _links(v: dict, plan) -> list[str]:
+    """How each arm exchanged its gradient (its kind's words) and over what link; a loud line where
+    no byte crossed a link."""
     links = {arm: a.get("link") for arm, a in v["arms"].items() if arm != "seed" and a.get("link")}
     if not links:
         return []
-    md = ["## Where the arms ran", "", "| arm | link |", "|---|---|"]
-    md += [f"| {arm} | {_cell(link)} |" for arm, link in links.items()]
+    md = ["## Where the arms ran", "", "| arm | gradient exchange | link |", "|---|---|---|"]
+    md += [f"| {arm} | {_cell(plan.arm(arm).method.describe(plan.arm(arm)))} | {_cell(link)} |"
+           for arm, link in links.items()]
     if any(link.startswith("loopback") for link in links.values()):
         md += ["", "> **A two-process arm exchanged over loopback:** no byte crossed a link, so its "
                "speed says nothing about the study's cross-zone exchange; see the projection."]

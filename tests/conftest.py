@@ -280,15 +280,17 @@ def runs(study: str, step: str, arm: str | None = None):
     return study_runs.search(study, step, arm)
 
 
-FOUR_ARMS = {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2,powersgd8:powersgd:2:rank=8"}
-"""The small study's arms: the study's three, and PowerSGD at rank 8, a fourth arm as a researcher
-would add it (one row), trained, committed, scored and analyzed like the others."""
-SMALL_STUDY = SMALL | FOUR_ARMS
+SMALL_ARMS = {"arms.rows": "single:single:1,dense:dense:2,powersgd:powersgd:2,powersgd8:powersgd:2:rank=8,"
+                          "fp16:fp16:2"}
+"""The small study's arms: the study's three; PowerSGD at rank 8, a fourth arm as a researcher
+would add it (one row); and `fp16`, a fifth of a kind added as one module (`gradshare.kinds.fp16`)
+and one line of the kinds' table. Each is trained, committed, scored and analyzed like the others."""
+SMALL_STUDY = SMALL | SMALL_ARMS
 
 
 @pytest.fixture(scope="session")
 def prepared_study(mlflow_server):
-    """A small study of four arms (`FOUR_ARMS`) prepared through `mlflow run . -e prepare` (the
+    """A small study of five arms (`SMALL_ARMS`) prepared through `mlflow run . -e prepare` (the
     MLproject path)."""
     study = "small-study"
     mlflow_run("prepare", study, SMALL_STUDY)
@@ -297,7 +299,7 @@ def prepared_study(mlflow_server):
 
 @pytest.fixture(scope="session")
 def trained_study(prepared_study):
-    """The small study with its four arms trained, one after another, as its plan lists them."""
+    """The small study with its five arms trained, one after another, as its plan lists them."""
     for arm in load_plan("tiny", SMALL_STUDY).arms.names:
         run_entry("train", "--study", prepared_study, "--arm", arm)
     return prepared_study

@@ -90,7 +90,7 @@ def test_a_fourth_arm_is_trained_scored_and_reported_like_the_others(analysed):
     and the analyze run's columns, beside the three arms'; the screens still judge the candidate."""
     study, run, files, _ = analysed
     v = json.loads(files["verdicts.json"].read_text())
-    assert set(v["arms"]) == {"seed", "single", "dense", "powersgd", "powersgd8"}
+    assert set(v["arms"]) == {"seed", "single", "dense", "powersgd", "powersgd8", "fp16"}
     a = v["arms"]["powersgd8"]
     assert a["status"] == "FINISHED" and a["accuracy"] is not None
     assert "powersgd8-seed" in v["pairs"] and v["retention_change"]["powersgd8"]["upper"] is not None
@@ -104,6 +104,31 @@ def test_a_fourth_arm_is_trained_scored_and_reported_like_the_others(analysed):
     assert len(tables) >= 3, md  # the arms', the pairs' and the cost table's rows at least
     for k in ("gpu_s_total", "usd", "cross_zone_usd"):
         assert run.data.metrics[f"cost/powersgd8/{k}"] == pytest.approx(c8[k], rel=1e-12, abs=1e-15)
+
+
+def test_a_fifth_arm_of_a_new_kind_is_trained_scored_and_reported_like_the_others(analysed):
+    """The small study's fifth row, `fp16:fp16:2`, a kind added as one module and one line of the
+    kinds' table (`gradshare.kinds.fp16`): prepared, trained on two ranks, committed, scored and
+    analyzed; its bytes per update are half of dense's from the first update (its hook's own
+    count: tests/unit/kinds/test_fp16.py); its kind's words and its rows are in the report."""
+    study, run, files, _ = analysed
+    v = json.loads(files["verdicts.json"].read_text())
+    a = v["arms"]["fp16"]
+    assert a["status"] == "FINISHED" and a["accuracy"] is not None and a["retention_nll"] is not None
+    assert "fp16-seed" in v["pairs"] and v["retention_change"]["fp16"]["upper"] is not None
+    assert v["candidate"] == "powersgd" and "fp16" not in v["controls"]
+    [train] = study_runs.search(study, "train", "fp16", status="FINISHED")
+    assert train.data.params["kind"] == "fp16" and train.data.params["processes"] == "2"
+    _, commitment = store.commitment(study)
+    assert "fp16" in [e["arm"] for e in commitment["arms"]]  # sealed before any score, like the others
+    c16, dense = v["cost"]["fp16"], v["cost"]["dense"]
+    assert c16["logical_bytes"] * 2 == dense["logical_bytes"] > 0
+    md = files["report.md"].read_text()
+    assert "| fp16 | DDP with PyTorch's fp16_compress_hook" in md, md
+    rows = [line for line in md.splitlines() if line.startswith("| fp16 ") or line.startswith("| fp16-seed")]
+    assert len(rows) >= 4, md  # where it ran, the arms', the pairs' and the cost table's rows at least
+    for k in ("gpu_s_total", "usd", "cross_zone_usd"):
+        assert run.data.metrics[f"cost/fp16/{k}"] == pytest.approx(c16[k], rel=1e-12, abs=1e-15)
 
 
 def test_the_analyze_run_shows_the_verdict_as_columns_of_the_runs_table(analysed):

@@ -11,7 +11,7 @@ from gradshare.util.jsonio import read_jsonl
 from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import FAILURE, PLAN_SHA, STEP, STUDY
 from gradshare.tracking import study_runs
-from tests.conftest import FOUR_ARMS, SMALL, SMALL_STUDY, mlflow_run, run_entry, overrides
+from tests.conftest import SMALL_ARMS, SMALL, SMALL_STUDY, mlflow_run, run_entry, overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +106,7 @@ def test_the_seed_model_has_lower_probe_nll_than_the_untrained_model_it_started_
 
 def test_two_prepares_of_the_same_plan_give_identical_hashes(prepared_study, prep):
     _, inputs, _ = prep
-    run_entry("prepare", "--study", "small-study-again", *overrides(FOUR_ARMS))
+    run_entry("prepare", "--study", "small-study-again", *overrides(SMALL_ARMS))
     again = study_runs.download(study_runs.prepare_run("small-study-again").info.run_id, "inputs/manifest.json",
                        Path(inputs).parent / "again")
     a = json.loads((inputs / "manifest.json").read_text())

@@ -14,7 +14,7 @@ from gradshare.contract import metrics as M
 from gradshare.contract.tags import CKPT_SHA, FAILURE, PLAN_SHA, REFUSAL
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
-from tests.conftest import FOUR_ARMS, overrides, run_entry
+from tests.conftest import SMALL_ARMS, overrides, run_entry
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +28,7 @@ ARMS = ("single", "dense", "powersgd")
 def studies(mlflow_server, trained_study):
     """The same plan twice: `trained_study` trained every arm straight through, "resumed" kills
     each arm after its full state at update 4 and resumes it."""
-    run_entry("prepare", "--study", "resumed", *overrides(FOUR_ARMS))  # the small study's plan
+    run_entry("prepare", "--study", "resumed", *overrides(SMALL_ARMS))  # the small study's plan
     for arm in ARMS:
         victim = 0 if arm == "single" else 1
         killed = run_entry("train", "--study", "resumed", "--arm", arm, "--full-state-every", str(SAVED),

@@ -87,7 +87,7 @@ def test_powersgd_logical_bytes_after_warm_up_are_below_dense_by_the_expected_ra
     plan = load_plan("tiny", SMALL_STUDY)
     hist = {a: {m.step: m.value for m in c.get_metric_history(_finished(trained_study, a).info.run_id,
                                                                  "comm/logical_bytes")}
-            for a in ("dense", "powersgd", "powersgd8")}
+            for a in ("dense", "powersgd", "powersgd8", "fp16")}
     weights = _weights(_finished(trained_study, "dense"), tmp_path)
     weights.pop("lm_head.weight", None)  # tied to the embedding: one parameter, one gradient
     dense_bytes = sum(t.numel() * 4 for t in weights.values())
@@ -101,6 +101,8 @@ def test_powersgd_logical_bytes_after_warm_up_are_below_dense_by_the_expected_ra
     at8 = _expected_compressed_bytes(weights, plan.arm("powersgd8").rank)
     assert plan.arm("powersgd8").rank == 8 and at8 < expected
     assert hist["powersgd8"] == {u: dense_bytes if u <= w else at8 for u in range(1, 9)}
+    # the fifth arm's kind, fp16: two bytes an element from the first update
+    assert hist["fp16"] == {u: dense_bytes // 2 for u in range(1, 9)}
 
 
 def test_every_arm_logs_per_step_metrics_and_summaries(trained_study):
