@@ -18,9 +18,6 @@ from gradshare.contract.tags import ARM, FAILURE, REFUSAL
 from gradshare.tracking import connection, store, study_runs
 from gradshare.util.jsonio import read_jsonl
 
-STEP_METRICS = (M.TRAIN_LOSS, M.STEP_S, M.TOKENS_PER_S, M.LOGICAL_BYTES, M.WIRE_TX_BYTES, M.WIRE_RX_BYTES,
-                M.LOOPBACK_BYTES)
-
 
 @dataclass
 class ArmRecord:
@@ -29,7 +26,7 @@ class ArmRecord:
     run_id: str | None = None
     failure_reason: str | None = None
     metrics: dict = field(default_factory=dict)
-    histories: dict = field(default_factory=dict)  # metric -> [(step, value)]
+    histories: dict = field(default_factory=dict)  # per-update metric (M.PER_UPDATE) -> [(step, value)]
     hosts: list = field(default_factory=list)
     # the arm's attempts, oldest first: {"attempt", "run_id", "status", "failure_reason"}
     attempts: list = field(default_factory=list)
@@ -65,8 +62,7 @@ def collect(study: str) -> StudyRecord:
         rec = ArmRecord(arm, entry["status"], entry["run_id"], entry.get("failure_reason"),
                         dict(run.data.metrics), attempts=attempts_of(entry), params=dict(run.data.params))
         if entry["status"] == "FINISHED":
-            rec.histories = {k: sorted((m.step, m.value) for m in c.get_metric_history(entry["run_id"], k))
-                             for k in STEP_METRICS}
+            rec.histories = histories(c, entry["run_id"])
             summary = json.loads(study_runs.download(entry["run_id"], "train_summary.json", tmp / arm).read_text())
             rec.hosts = summary["hosts"]
         arms[arm] = rec
@@ -84,6 +80,13 @@ def collect(study: str) -> StudyRecord:
                 "test": read_jsonl(study_runs.download(run.info.run_id, "per_case/test.jsonl", d)),
                 "retention": read_jsonl(study_runs.download(run.info.run_id, "per_case/retention.jsonl", d))}
     return StudyRecord(study, plan, prep.info.run_id, commitment, arms, scores)
+
+
+def histories(client, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every per-update metric's history of a train run, by update: an entry the run never logged
+    (a study trained before the entry was added) reads as an empty history."""
+    return {m.name: sorted((h.step, h.value) for h in client.get_metric_history(run_id, m.name))
+            for m in M.PER_UPDATE}
 
 
 def attempts_of(entry: dict) -> list[dict]:

@@ -2,8 +2,9 @@
 `report.html` (the same Markdown rendered by python-markdown, plots embedded as data
 URIs), and the plots as PNG files.
 
-Plots: per-family accuracy with normal intervals, the three arms' loss curves,
-per-step throughput, and cumulative wire bytes (logical and measured).
+Plots: per-family accuracy with normal intervals; one per per-update metric that
+`gradshare.contract.metrics.PER_UPDATE` marks for a plot (loss curves, throughput, cumulative
+logical and wire bytes); each arm's loss gap to the one-process arm; the projected speed ratio.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import base64
 import html
 import math
 import re
+from itertools import accumulate
 from pathlib import Path
 
 from analysis.collect import StudyRecord
@@ -134,42 +136,38 @@ def plots(rec: StudyRecord, v: dict, out: Path) -> list[Path]:
     _legend(ax)
     paths.append(_save(fig, out / "accuracy_by_family.png"))
 
-    for key, title, fname, cumulative in (
-            (M.TRAIN_LOSS, "Training loss (globally normalised)", "loss_curves.png", False),
-            (M.TOKENS_PER_S, "Throughput per update (tokens/s)", "throughput.png", False),
-            (M.LOGICAL_BYTES, "Cumulative logical bytes (per rank)", "cumulative_logical_bytes.png", True),
-            (M.WIRE_TX_BYTES, "Cumulative wire bytes sent (non-loopback, all hosts)",
-             "cumulative_wire_bytes.png", True)):
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        for arm, a in rec.arms.items():
-            h = a.histories.get(key) or []
-            if not h:
-                continue
-            xs, ys = zip(*h)
-            if cumulative:
-                acc, ys = 0.0, list(ys)
-                for i, y in enumerate(ys):
-                    acc += y
-                    ys[i] = acc
-            ax.plot(xs, ys, label=arm)
-        if key == M.WIRE_TX_BYTES:  # loopback beside it: two ranks on one host talk over lo
-            for arm, a in rec.arms.items():
-                h = a.histories.get(M.LOOPBACK_BYTES) or []
-                if h and rec.plan.arm(arm).is_ddp:
-                    xs, ys = zip(*h)
-                    cum, tot = [], 0.0
-                    for y in ys:
-                        tot += y
-                        cum.append(tot)
-                    ax.plot(xs, cum, linestyle="--", label=f"{arm} (loopback)")
-        ax.set_xlabel("update")
-        ax.set_title(title)
-        _legend(ax)
-        paths.append(_save(fig, out / fname))
+    for m in M.PER_UPDATE:
+        if m.plot is not None:
+            paths.append(_per_update(rec, m, out, plt))
     paths.append(_loss_gap(rec, out, plt))
     if "study_hosts" in (v.get("projection") or {}):
         paths.append(_projected_speed(v, out))
     return paths
+
+
+def _per_update(rec: StudyRecord, m: M.PerUpdate, out: Path, plt) -> Path:
+    """One per-update metric's plot (`m.plot`): a line per arm, and the metric it names `beside`
+    dashed for the arms of more than one process."""
+    p = m.plot
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for arm, a in rec.arms.items():
+        _history_line(ax, a.histories.get(m.name), p.cumulative, label=arm)
+    for arm, a in rec.arms.items():
+        if p.beside and a.histories.get(p.beside) and rec.plan.arm(arm).is_ddp:
+            _history_line(ax, a.histories[p.beside], p.cumulative, label=f"{arm} ({p.beside})", linestyle="--")
+    ax.set_xlabel("update")
+    ax.set_ylabel(m.unit)
+    ax.set_title(p.title)
+    _legend(ax)
+    return _save(fig, out / p.file)
+
+
+def _history_line(ax, history, cumulative: bool, **style) -> None:
+    """A history [(update, value)] as a line, its running sum where `cumulative`; none if empty."""
+    if not history:
+        return
+    xs, ys = zip(*history)
+    ax.plot(xs, list(accumulate(ys)) if cumulative else ys, **style)
 
 
 def _projected_speed(v: dict, out: Path) -> Path:

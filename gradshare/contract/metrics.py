@@ -14,8 +14,17 @@ tools: they never change.
 
 Wire bytes are summed over phases of the arm (see `gradshare.hosts.metering`); a phase's
 name is the suffix of its summary metrics, `total` being worker start to end.
+
+A new per-update metric is one `PerUpdate` entry in `PER_UPDATE` (its name, unit, how it is
+computed from the loop's values, its plot if any) and, where the loop does not measure it yet, one
+key in the values the loop hands to `step_metrics`: the train step logs it, `analysis.collect`
+reads its history and `analysis.report` draws it, without a list elsewhere to edit.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from collections.abc import Callable, Mapping
 
 # --- per update (MLflow step = update number, 1-based) ---
 TRAIN_LOSS = "train/loss"
@@ -32,6 +41,55 @@ LOOPBACK_BYTES = "comm/loopback_bytes"
 SPEND_USD = "spend/usd"  # the study's spend so far, this arm's hosts until now included
 STUDY_HOURS = "spend/study_hours"  # hours since the study started (prepare)
 SPEND_CROSS_BYTES = "spend/cross_zone_bytes"  # this arm's cross-zone bytes so far, sent + received
+
+
+@dataclass(frozen=True)
+class Plot:
+    """How the report draws a per-update metric: one line per arm against the update number."""
+    title: str
+    file: str  # the PNG's name, which the report's Markdown and the analyze run's artifacts carry
+    cumulative: bool = False  # the running sum over updates (bytes sent so far), not each update's own
+    beside: str | None = None  # another per-update metric, drawn dashed on the same axes for multi-process arms
+
+
+@dataclass(frozen=True)
+class PerUpdate:
+    """One per-update metric: its name, its unit (the plot's y axis), how `step_metrics` computes it
+    from the loop's values, and the report's plot of it, if any. `analysis.collect` reads every
+    entry's history back."""
+    name: str
+    unit: str
+    of: Callable[[Mapping], float]
+    plot: Plot | None = None
+
+
+def _over_hosts(counter: str) -> Callable[[Mapping], float]:
+    """A wire counter's update delta summed over the hosts (`values["hosts"]`, see metering)."""
+    return lambda values: sum(d[counter] for d in values["hosts"].values())
+
+
+PER_UPDATE = (
+    PerUpdate(TRAIN_LOSS, "nats per target token", itemgetter("loss"),
+              Plot("Training loss (globally normalised)", "loss_curves.png")),
+    PerUpdate(TRAIN_GRAD_NORM, "L2 norm", itemgetter("grad_norm")),
+    PerUpdate(TRAIN_LR, "learning rate", itemgetter("lr")),
+    PerUpdate(TRAIN_TARGET_TOKENS, "target tokens, all ranks", itemgetter("target_tokens")),
+    PerUpdate(STEP_S, "s", itemgetter("step_s")),
+    PerUpdate(TOKENS_PER_S, "tokens/s", lambda v: v["tokens"] / v["step_s"],
+              Plot("Throughput per update (tokens/s)", "throughput.png")),
+    PerUpdate(GPU_S, "device-s", lambda v: v["step_s"] * v["world"]),
+    PerUpdate(LOGICAL_BYTES, "bytes per rank", itemgetter("logical_bytes"),
+              Plot("Cumulative logical bytes (per rank)", "cumulative_logical_bytes.png", cumulative=True)),
+    # loopback beside the wire: two ranks on one host talk over lo, and no byte of it crosses a link
+    PerUpdate(WIRE_TX_BYTES, "bytes, all hosts", _over_hosts("wire_tx"),
+              Plot("Cumulative wire bytes sent (non-loopback, all hosts)", "cumulative_wire_bytes.png",
+                   cumulative=True, beside=LOOPBACK_BYTES)),
+    PerUpdate(WIRE_RX_BYTES, "bytes, all hosts", _over_hosts("wire_rx")),
+    PerUpdate(LOOPBACK_BYTES, "bytes, all hosts", _over_hosts("lo_tx")),
+)
+"""Every metric `step_metrics` logs under a fixed name, in the report's order of plots. The per-host
+wire bytes (`host_wire_tx`, `host_wire_rx`) are one per host, beside these; the limits' spend
+metrics above are logged by `gradshare.cost.limits` where an arm runs under limits."""
 
 
 def host_wire_tx(j: int) -> str:
@@ -158,17 +216,12 @@ def paired_lo(pair: str) -> str:
 
 
 # --- the dicts the steps log ---
-def step_metrics(*, loss: float, grad_norm: float, lr: float, target_tokens: int, step_s: float,
-                 tokens: float, world: int, logical_bytes: int, hosts: dict[str, dict]) -> dict[str, float]:
-    """One update's metrics; `hosts` maps host id -> this update's wire deltas (metering)."""
-    out = {
-        TRAIN_LOSS: loss, TRAIN_GRAD_NORM: grad_norm, TRAIN_LR: lr, TRAIN_TARGET_TOKENS: target_tokens,
-        STEP_S: step_s, TOKENS_PER_S: tokens / step_s, GPU_S: step_s * world,
-        LOGICAL_BYTES: logical_bytes,
-        WIRE_TX_BYTES: sum(d["wire_tx"] for d in hosts.values()),
-        WIRE_RX_BYTES: sum(d["wire_rx"] for d in hosts.values()),
-        LOOPBACK_BYTES: sum(d["lo_tx"] for d in hosts.values()),
-    }
+def step_metrics(values: Mapping) -> dict[str, float]:
+    """One update's metrics: every `PER_UPDATE` entry computed from the loop's `values` (loss,
+    grad_norm, lr, target_tokens, step_s, tokens, world, logical_bytes, and hosts: host id ->
+    this update's wire deltas, metering), then each host's wire bytes in host id order."""
+    out = {m.name: m.of(values) for m in PER_UPDATE}
+    hosts = values["hosts"]
     for j, h in enumerate(sorted(hosts)):
         out[host_wire_tx(j)] = hosts[h]["wire_tx"]
         out[host_wire_rx(j)] = hosts[h]["wire_rx"]

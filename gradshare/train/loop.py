@@ -316,6 +316,9 @@ class _Update:
     seconds: float
     wire_before: list
     wire_after: list
+    # Further figures for the update's metrics, by the keys `M.PER_UPDATE` reads: a new one is a
+    # key here, carried unchanged into `M.step_metrics`.
+    values: dict = field(default_factory=dict)
 
 
 def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, world, resume, log) -> _Arm:
@@ -452,9 +455,9 @@ def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_do
     stop = None
     hosts = per_host_delta(out.wire_before, out.wire_after)
     add_into(res.wire, hosts)
-    metrics = M.step_metrics(loss=out.loss, grad_norm=out.grad_norm, lr=_lr(a.plan, u), target_tokens=n_global,
-                             step_s=out.seconds, tokens=out.tokens, world=a.world,
-                             logical_bytes=step_bytes, hosts=hosts)
+    metrics = M.step_metrics(out.values | dict(
+        loss=out.loss, grad_norm=out.grad_norm, lr=_lr(a.plan, u), target_tokens=n_global, step_s=out.seconds,
+        tokens=out.tokens, world=a.world, logical_bytes=step_bytes, hosts=hosts))
     if limits is not None:
         books.slowest = max(books.slowest, out.seconds)
         cross = _cross_zone_bytes(res.wire)

@@ -85,11 +85,21 @@ def _hosts():
 
 
 def test_an_update_logs_totals_over_hosts_and_each_host_in_host_id_order():
-    m = M.step_metrics(loss=2.5, grad_norm=1.0, lr=1e-4, target_tokens=100, step_s=0.5, tokens=1000,
-                       world=2, logical_bytes=64, hosts=_hosts())
-    assert m[M.TRAIN_LOSS] == 2.5 and m[M.TOKENS_PER_S] == 2000 and m[M.GPU_S] == 1.0
-    assert m[M.WIRE_TX_BYTES] == 11 and m[M.WIRE_RX_BYTES] == 22 and m[M.LOOPBACK_BYTES] == 8
-    assert m[M.host_wire_tx(0)] == 1 and m[M.host_wire_tx(1)] == 10  # "aaa…" sorts first
+    m = M.step_metrics(dict(loss=2.5, grad_norm=1.0, lr=1e-4, target_tokens=100, step_s=0.5, tokens=1000,
+                            world=2, logical_bytes=64, hosts=_hosts()))
+    assert m == {M.TRAIN_LOSS: 2.5, M.TRAIN_GRAD_NORM: 1.0, M.TRAIN_LR: 1e-4, M.TRAIN_TARGET_TOKENS: 100,
+                 M.STEP_S: 0.5, M.TOKENS_PER_S: 2000, M.GPU_S: 1.0, M.LOGICAL_BYTES: 64,
+                 M.WIRE_TX_BYTES: 11, M.WIRE_RX_BYTES: 22, M.LOOPBACK_BYTES: 8,
+                 # "aaa…" sorts first: host 0
+                 M.host_wire_tx(0): 1, M.host_wire_rx(0): 2, M.host_wire_tx(1): 10, M.host_wire_rx(1): 20}
+
+
+def test_the_per_update_table_names_each_metric_and_each_plot_once():
+    names = [m.name for m in M.PER_UPDATE]
+    assert len(set(names)) == len(names) and all(METRIC_LIKE.match(n) for n in names)
+    plotted = [m.plot for m in M.PER_UPDATE if m.plot]
+    assert len({p.file for p in plotted}) == len(plotted) and all(p.file.endswith(".png") for p in plotted)
+    assert all(p.beside in names for p in plotted if p.beside)  # what is drawn beside is read back too
 
 
 def test_a_summary_holds_every_phase_per_host_and_over_all_hosts():
