@@ -36,7 +36,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     from gradshare.model.source import model_config
     from gradshare.util.sources import set_determinism
     from gradshare.train import fullstate
-    from gradshare.train.loop import FullStatePolicy, train
+    from gradshare.train.loop import FullStatePolicy, TrainJob, train
 
     extra = {"hardware.compile": "false",  # what is measured is the state, not the update speed
              "hardware.deterministic": "true"}  # so that "resumed = straight" can be asked bit for bit
@@ -53,8 +53,8 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
 
     model = build_model(cfg, plan.study.seed, device)
     params = sum(p.numel() for p in model.parameters())  # tied embeddings once
-    train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet,
-          full_state=FullStatePolicy(every=SAVE_AFTER, root=root, on_saved=on_saved))
+    train(TrainJob(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet,
+          full_state=FullStatePolicy(every=SAVE_AFTER, root=root, on_saved=on_saved)))
     straight = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     del model
     _release(device.type == "cuda")
@@ -62,7 +62,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     state = fullstate.load(saved["path"], 1)
     load_s = time.perf_counter() - t0
     model = build_model(cfg, plan.study.seed, device)
-    train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet, full_state=FullStatePolicy(resume=state))
+    train(TrainJob(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet, full_state=FullStatePolicy(resume=state)))
     resumed = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     worst = max((straight[k] - resumed[k]).abs().max().item() for k in straight)
     control = None
@@ -70,7 +70,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
         del model
         _release(device.type == "cuda")
         model = build_model(cfg, plan.study.seed, device)
-        train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet)
+        train(TrainJob(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, log=quiet))
         control = max((straight[k] - v.detach().float().cpu()).abs().max().item() for k, v in model.state_dict().items())
     files = saved["manifest"]["files"]
     out = {"arm": arm, "bytes": saved["manifest"]["bytes"], "save_s": saved["manifest"]["save_s"], "load_s": load_s,

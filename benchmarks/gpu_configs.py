@@ -188,7 +188,7 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
     """`gradshare.train.loop.train`, unchanged, for one configuration."""
     from gradshare.contract import metrics as M
     from gradshare.util.sources import set_determinism
-    from gradshare.train.loop import train
+    from gradshare.train.loop import TrainJob, train
     from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 
     workload, arm, extra = CONFIGS[name]
@@ -214,7 +214,7 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
     out = {"config": name, "workload": workload, "arm": arm, "overrides": extra, "params": params, "smoke": smoke,
            "cap_gib": plan.hardware.max_device_gib, "cap_fraction": fraction}
     try:
-        res = train(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step, log=lambda *a: None)
+        res = train(TrainJob(plan, arm, model, tokenizer, docs, schedule, device, 0, 1, on_step=on_step, log=lambda *a: None))
         out.update(graphs=res.graphs, error_prefetched_bytes=res.error_prefetched_bytes)
         if isinstance(plan.arm(arm).method, PowerSGD):  # the calibration's copy_overlap: how its hook moved the error
             from gradshare.kinds.powersgd_hook import COPY_OVERLAP

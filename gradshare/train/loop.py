@@ -204,91 +204,68 @@ def _host_inputs(plan: Plan, mbs: list[batching.MicroBatch], encoded, pad_id: in
     return out
 
 
-def _accumulate_by_count(net, arm: Arm, inputs: list[dict], scale: float, autocast, local, phase: list,
-                         where: str, between=lambda: None) -> None:
-    """Micro-batches of whole documents, the last one through DDP's exchanging backward;
-    `between()` after each one before the last."""
-    for k, x in enumerate(inputs):
-        phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({x['ids'].shape[0]} x {x['ids'].shape[1]} tokens)"
-        last = k == len(inputs) - 1
-        # Every DDP arm, whatever its world size: without no_sync a world-1 run would
-        # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
-        no_sync = net.no_sync() if (arm.is_ddp and not last) else contextlib.nullcontext()
-        with no_sync:
-            with autocast:  # the forward only; backward runs in the ops' own dtypes
-                nll = net(x["ids"], x["att"], x["tgt"]).sum()
-            # Sum of token losses over the global batch / its target count; DDP
-            # averages over ranks, so each rank scales by world to undo it.
-            (nll * scale).backward()
-        local += torch.stack([nll.detach().double(), x["tgt"][:, 1:].sum().double(), x["att"].sum().double()])
-        if not last:
-            between()
+@dataclass
+class TrainJob:
+    """Everything one process is given to train one arm: the inputs (plan, arm, model, documents,
+    schedule), where it runs (device, rank among world), and who listens (`on_step`, `log`,
+    `limits`, `full_state`, `profile`, `heartbeat`, each optional). `train(job)` runs it.
 
-
-def _accumulate_packed(net, steps: StaticSteps, arm: Arm, mbs, inputs: list[dict], scale: float, phase: list,
-                       where: str, between=lambda: None) -> None:
-    """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate,
-    `between()` after each; then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no
-    inputs)."""
-    steps.begin_update(scale)
-    for k, (mb, x) in enumerate(zip(mbs, inputs)):
-        phase[0] = f"{where}, micro-batch {k + 1} of {len(inputs)} ({mb.shape[0]} rows x {mb.shape[1]} tokens)"
-        steps.run(x, mb.shape)
-        between()
-    if arm.is_ddp:
-        phase[0] = f"{where}, the gradient exchange"
-        net(ids=None).backward()
-
-
-def train(plan: Plan, arm: str, model, tokenizer, docs: dict[str, dict], schedule: dict,
-          device: torch.device, rank: int, world: int, on_step=None, log=print, limits=None,
-          full_state: FullStatePolicy | None = None, profile: ProfileRequest | None = None,
-          heartbeat=None) -> LoopResult:
-    """Run every update of the schedule; `on_step(update, metrics, docs_sha)` is called on rank 0
-    and may return a reason to stop after this update (`tracking: ...`), which every rank follows.
+    `on_step(update, metrics, docs_sha)` is called on rank 0 and may return a reason to stop
+    after this update (`tracking: ...`), which every rank follows.
 
     `limits` (`gradshare.cost.limits.Limits`, rank 0's; None: no limits): after every update rank 0
-    decides whether the next one may start, and every rank follows (one small all-reduce),
-    so an arm stops after a whole update with `LimitStop`.
+    decides whether the next one may start, and every rank follows (one small all-reduce), so an
+    arm stops after a whole update with `LimitStop`.
 
     `full_state`: save a full state every N updates, and/or continue from one: the weights and
-    AdamW state are loaded, DDP makes one plain pass (its bucket rebuild, no update) before
-    the kind's hook, restored from its saved state, is registered, each rank's RNG is restored, and the loop
-    goes on from the next update with its running totals.
+    AdamW state are loaded, DDP makes one plain pass (its bucket rebuild, no update) before the
+    kind's hook, restored from its saved state, is registered, each rank's RNG is restored, and
+    the loop goes on from the next update with its running totals.
 
     `profile` (`gradshare.train.profiling`): one update profiled into a table.
 
     `heartbeat` (`gradshare.train.heartbeat.Heartbeat`): told of every completed update and of
-    the full-state saves, so that the train step can tell a stopped or hung rank.
+    the full-state saves, so that the train step can tell a stopped or hung rank."""
+    plan: Plan
+    arm: str
+    model: torch.nn.Module
+    tokenizer: object
+    docs: dict[str, dict]
+    schedule: dict
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    on_step: Callable | None = None
+    log: Callable = print
+    limits: object = None
+    full_state: FullStatePolicy | None = None
+    profile: ProfileRequest | None = None
+    heartbeat: object = None
 
-    Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
-    `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
-    phase = ["start-up: the model, its compiled shapes and DDP's buckets"]
-    device = indexed(device)  # DDP's device_ids and the streams need the index
-    # On a GPU everything from DDP's construction on runs on one stream of its own: a CUDA graph
-    # is captured on a stream other than the default one, and the gradient accumulations DDP
-    # creates at its construction run on the stream they were made on.
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    if stream is not None:
-        stream.wait_stream(torch.cuda.current_stream(device))  # the model's initialisation
-    try:
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            return _train(plan, arm, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-                          full_state, phase, profile, heartbeat)
-    except torch.OutOfMemoryError as exc:
-        raise DeviceMemoryError(out_of_memory_reason(exc, plan.hardware.max_device_gib, phase[0], device)) from None
-    finally:
-        if stream is not None:  # what follows (the checkpoint) reads the trained weights
-            torch.cuda.current_stream(device).wait_stream(stream)
+
+class _Phase:
+    """What the process is doing now, in words: an out-of-memory reason names it."""
+
+    def __init__(self, now: str):
+        self.now = now
+
+
+class _Accounts:
+    """Rank 0's books across updates: what the limits compare the next update with."""
+
+    def __init__(self):
+        self.slowest = 0.0  # the next update as slow as the slowest so far
+        self.last_cross = 0.0
 
 
 @dataclass
 class _Arm:
-    """What every update of one arm's process needs, built once by `_set_up`."""
-    plan: Plan
+    """One arm's training state in this process, set up once by `_set_up`: the job, what its
+    updates use, and its running totals."""
+    job: TrainJob
     arm: Arm
+    phase: _Phase
     net: torch.nn.Module  # the token loss, in DDP for a DDP arm
-    model: torch.nn.Module
     params: list
     opt: torch.optim.Optimizer
     hook: ExchangeHook  # the kind's hook on DDP (the base one: DDP's own all-reduce, or no DDP)
@@ -297,14 +274,25 @@ class _Arm:
     lengths: dict
     pad_id: int
     device: torch.device
-    rank: int
-    world: int
     grads_to_none: bool
     autocast: object
     sync: Callable | None
     faults: object
     exchange: ExchangeBytes  # logical bytes of one rank's exchange, per update
-    log: Callable
+    res: LoopResult = field(default_factory=LoopResult)
+    books: _Accounts = field(default_factory=_Accounts)
+
+    @property
+    def plan(self) -> Plan:
+        return self.job.plan
+
+    @property
+    def rank(self) -> int:
+        return self.job.rank
+
+    @property
+    def world(self) -> int:
+        return self.job.world
 
 
 @dataclass
@@ -321,11 +309,71 @@ class _Update:
     values: dict = field(default_factory=dict)
 
 
-def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, world, resume, log) -> _Arm:
+def _accumulate_by_count(a: _Arm, inputs: list[dict], scale: float, local, where: str, between) -> None:
+    """Micro-batches of whole documents, the last one through DDP's exchanging backward;
+    `between()` after each one before the last."""
+    for k, x in enumerate(inputs):
+        a.phase.now = f"{where}, micro-batch {k + 1} of {len(inputs)} ({x['ids'].shape[0]} x {x['ids'].shape[1]} tokens)"
+        last = k == len(inputs) - 1
+        # Every DDP arm, whatever its world size: without no_sync a world-1 run would
+        # exchange (and PowerSGD compress) after every micro-batch, 4 times per update.
+        no_sync = a.net.no_sync() if (a.arm.is_ddp and not last) else contextlib.nullcontext()
+        with no_sync:
+            with a.autocast:  # the forward only; backward runs in the ops' own dtypes
+                nll = a.net(x["ids"], x["att"], x["tgt"]).sum()
+            # Sum of token losses over the global batch / its target count; DDP
+            # averages over ranks, so each rank scales by world to undo it.
+            (nll * scale).backward()
+        local += torch.stack([nll.detach().double(), x["tgt"][:, 1:].sum().double(), x["att"].sum().double()])
+        if not last:
+            between()
+
+
+def _accumulate_packed(a: _Arm, mbs, inputs: list[dict], scale: float, where: str, between) -> None:
+    """Packed micro-batches through their static steps (graphs on a GPU), which only accumulate,
+    `between()` after each; then a DDP arm's one exchange, a pass of its own (`TokenLoss` with no
+    inputs)."""
+    a.steps.begin_update(scale)
+    for k, (mb, x) in enumerate(zip(mbs, inputs)):
+        a.phase.now = f"{where}, micro-batch {k + 1} of {len(inputs)} ({mb.shape[0]} rows x {mb.shape[1]} tokens)"
+        a.steps.run(x, mb.shape)
+        between()
+    if a.arm.is_ddp:
+        a.phase.now = f"{where}, the gradient exchange"
+        a.net(ids=None).backward()
+
+
+def train(job: TrainJob) -> LoopResult:
+    """Run every update of the job's schedule (`TrainJob` says what it is given and who listens).
+
+    Out of device memory (under `hardware.max_device_gib` or the card's own), the arm ends with
+    `DeviceMemoryError`, whose message names the cap, the update and what was being allocated."""
+    phase = _Phase("start-up: the model, its compiled shapes and DDP's buckets")
+    device = indexed(job.device)  # DDP's device_ids and the streams need the index
+    # On a GPU everything from DDP's construction on runs on one stream of its own: a CUDA graph
+    # is captured on a stream other than the default one, and the gradient accumulations DDP
+    # creates at its construction run on the stream they were made on.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(device))  # the model's initialisation
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return _train(_set_up(job, device, phase))
+    except torch.OutOfMemoryError as exc:
+        raise DeviceMemoryError(out_of_memory_reason(exc, job.plan.hardware.max_device_gib, phase.now,
+                                                     device)) from None
+    finally:
+        if stream is not None:  # what follows (the checkpoint) reads the trained weights
+            torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def _set_up(job: TrainJob, device: torch.device, phase: _Phase) -> _Arm:
     """The arm's model (in DDP, with its kind's hook), optimizer and encoded documents."""
+    plan, model, arm = job.plan, job.model, job.plan.arm(job.arm)
+    resume = job.full_state.resume if job.full_state else None
     packed = plan.schedule.micro_batch_tokens > 0
     o = plan.optim
-    encoded = {i: encode(tokenizer, d, schedule["max_doc_tokens"]) for i, d in docs.items()}
+    encoded = {i: encode(job.tokenizer, d, job.schedule["max_doc_tokens"]) for i, d in job.docs.items()}
     if resume:
         model.load_state_dict(resume["model"])
     params = [p for p in model.parameters() if p.requires_grad]
@@ -346,11 +394,11 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
     if packed:
         inner = net.module if arm.is_ddp else net
         steps = StaticSteps(inner, device, torch.bfloat16 if bf16 else None, plan.hardware.cuda_graphs,
-                            model.get_input_embeddings().weight.shape[0], log)
+                            model.get_input_embeddings().weight.shape[0], job.log)
     return _Arm(
-        plan=plan, arm=arm, net=net, model=model, params=params, opt=opt, hook=hook, steps=steps,
-        encoded=encoded, lengths={i: len(e[0]) for i, e in encoded.items()}, pad_id=tokenizer.pad_token_id,
-        device=device, rank=rank, world=world,
+        job=job, arm=arm, phase=phase, net=net, params=params, opt=opt, hook=hook, steps=steps,
+        encoded=encoded, lengths={i: len(e[0]) for i, e in encoded.items()}, pad_id=job.tokenizer.pad_token_id,
+        device=device,
         # Gradients that are DDP bucket views or graph inputs must stay where they are: zero them
         # in place. Set to None, the next micro-batches would accumulate into fresh tensors beside them.
         grads_to_none=not packed and not (arm.is_ddp and plan.hardware.gradient_as_bucket_view),
@@ -359,20 +407,19 @@ def _set_up(plan, arm: Arm, model, tokenizer, docs, schedule, device, rank, worl
         # may run on into the next update, where they overlap its forward.
         sync=torch.cuda.current_stream(device).synchronize if device.type == "cuda" else None,
         faults=F.from_env(),
-        exchange=exchange_bytes(plan, shapes),
-        log=log)
+        exchange=exchange_bytes(plan, shapes))
 
 
-def _restore(a: _Arm, resume: dict, schedule: dict, res: LoopResult) -> int:
+def _restore(a: _Arm, resume: dict) -> int:
     """Continue from a full state: the running totals, DDP's first pass (its bucket rebuild, no
     update) before the hook is restored from its saved state and registered, each rank's RNG.
     Returns the first update to run."""
     first = resume["loop"]["update"] + 1
     for k in _TOTALS:
-        setattr(res, k, resume["loop"][k])
+        setattr(a.res, k, resume["loop"][k])
     if a.arm.is_ddp and not prebuilds_buckets(a.plan):
         # DDP's first pass: pre-rebuild buckets, plain all-reduce, no update
-        mine = rank_share(schedule["updates"][first - 1], a.rank, a.world)
+        mine = rank_share(a.job.schedule["updates"][first - 1], a.rank, a.world)
         mb = micro_batches(a.plan, mine, a.lengths)[0]
         ids, att, tgt = collate([a.encoded[i] for i in mb.docs], a.pad_id, a.device)
         a.net(ids, att, tgt).sum().backward()
@@ -381,15 +428,14 @@ def _restore(a: _Arm, resume: dict, schedule: dict, res: LoopResult) -> int:
         a.hook.restore(resume["ranks"][a.rank]["hook"], a.device)
         a.hook.register()
     fullstate.set_rng_state(resume["ranks"][a.rank]["rng"])
-    a.log(f"[{a.arm.name}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
+    a.job.log(f"[{a.arm.name}] resumed after update {first - 1} (full state loaded in {resume.get('load_s', 0):.2f}s)")
     return first
 
 
-def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where: str,
-            res: LoopResult) -> _Update:
+def _update(a: _Arm, u: int, mine: list[str], n_global: int, where: str) -> _Update:
     """One update of this rank: the learning rate; its micro-batches, the last one through the
     update's one gradient exchange; the global loss; clip; AdamW's step; the gradients zeroed."""
-    o = a.plan.optim
+    o, res = a.plan.optim, a.res
     mbs = micro_batches(a.plan, mine, a.lengths)
     for g in a.opt.param_groups:
         g["lr"] = _lr(a.plan, u)
@@ -406,11 +452,11 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
         # ranks, so each rank scales by world to undo it.
         scale = a.world / n_global
         if a.steps is not None:
-            _accumulate_packed(a.net, a.steps, a.arm, mbs, inputs, scale, phase, where, between)
+            _accumulate_packed(a, mbs, inputs, scale, where, between)
             local = a.steps.local
         else:
             local = torch.zeros(3, dtype=torch.float64, device=a.device)  # loss sum, targets, tokens
-            _accumulate_by_count(a.net, a.arm, inputs, scale, a.autocast, local, phase, where, between)
+            _accumulate_by_count(a, inputs, scale, local, where, between)
         if a.world > 1:
             dist.all_reduce(local)
         # Reads the loss back from the device: the step's one host sync.
@@ -421,7 +467,7 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
         loss = a.faults.loss(u, loss_sum / n_global)
         if not math.isfinite(loss):
             raise DivergenceError(f"training diverged: loss is {loss} at update {u} of arm {a.arm.name}")
-        phase[0] = f"{where}, the clip and the optimizer step"
+        a.phase.now = f"{where}, the clip and the optimizer step"
         grad_norm = torch.nn.utils.clip_grad_norm_(a.params, o.clip_norm).item()
         if not math.isfinite(grad_norm):  # never let a non-finite gradient reach the weights
             raise DivergenceError(f"training diverged: gradient norm is {grad_norm} at update {u} "
@@ -431,18 +477,11 @@ def _update(a: _Arm, u: int, mine: list[str], n_global: int, phase: list, where:
     return _Update(loss, grad_norm, int(n_tokens), clock.seconds, wire0, gather(host_counters(), a.world))
 
 
-class _Accounts:
-    """Rank 0's books across updates: what the limits compare the next update with."""
-
-    def __init__(self):
-        self.slowest = 0.0  # the next update as slow as the slowest so far
-        self.last_cross = 0.0
-
-
-def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_docs: list[str], res: LoopResult,
-             books: _Accounts, limits, on_step, eta: float) -> tuple[str, str] | None:
+def _account(a: _Arm, u: int, out: _Update, update_docs: list[str], eta: float) -> tuple[str, str] | None:
     """The update's bytes and totals on every rank; on rank 0 its metrics, the limits' decision
     and the tracking's answer, and the progress line. Returns rank 0's reason to stop, if any."""
+    res, books, job = a.res, a.books, a.job
+    n_global, total = job.schedule["target_tokens"][u - 1], len(job.schedule["updates"])
     step_bytes = a.exchange.of(a.arm, u)
     res.losses.append(out.loss)
     res.active_s += out.seconds
@@ -458,18 +497,18 @@ def _account(a: _Arm, u: int, total: int, out: _Update, n_global: int, update_do
     metrics = M.step_metrics(out.values | dict(
         loss=out.loss, grad_norm=out.grad_norm, lr=_lr(a.plan, u), target_tokens=n_global, step_s=out.seconds,
         tokens=out.tokens, world=a.world, logical_bytes=step_bytes, hosts=hosts))
-    if limits is not None:
+    if job.limits is not None:
         books.slowest = max(books.slowest, out.seconds)
         cross = _cross_zone_bytes(res.wire)
         now = time.time()
-        metrics |= limits.step_metrics(now, cross) | {M.SPEND_CROSS_BYTES: cross}
-        stop = limits.check(u, now, books.slowest, cross, next_cross_bytes=cross - books.last_cross)
+        metrics |= job.limits.step_metrics(now, cross) | {M.SPEND_CROSS_BYTES: cross}
+        stop = job.limits.check(u, now, books.slowest, cross, next_cross_bytes=cross - books.last_cross)
         books.last_cross = cross
-    if on_step:
-        why = on_step(u, metrics, update_sha256(update_docs))
+    if job.on_step:
+        why = job.on_step(u, metrics, update_sha256(update_docs))
         stop = stop or (("tracking", why) if why else None)
-    a.log(f"[{a.arm.name}] update {u:>4}/{total}  loss {out.loss:.4f}  grad_norm {out.grad_norm:.3f}  "
-          f"{out.tokens / out.seconds:,.0f} tok/s  ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    job.log(f"[{a.arm.name}] update {u:>4}/{total}  loss {out.loss:.4f}  grad_norm {out.grad_norm:.3f}  "
+            f"{out.tokens / out.seconds:,.0f} tok/s  ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     return stop
 
 
@@ -486,21 +525,19 @@ def _agree_to_stop(a: _Arm, stop: tuple[str, str] | None, u: int) -> None:
         raise LimitStop(stop[1] if stop else f"{kind}: stopped together with rank 0 after update {u}")
 
 
-def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world, on_step, log, limits,
-           full_state, phase, profile=None, heartbeat=None) -> LoopResult:
-    """Set up, restore, then every update: run it, account for it, save a full state where the
-    policy says, and agree whether to stop."""
-    resume = full_state.resume if full_state else None
-    a = _set_up(plan, plan.arm(arm_name), model, tokenizer, docs, schedule, device, rank, world, resume, log)
-    res = LoopResult()
+def _train(a: _Arm) -> LoopResult:
+    """Restore, then every update: run it, account for it, save a full state where the policy
+    says, and agree whether to stop."""
+    job, res, full_state, heartbeat = a.job, a.res, a.job.full_state, a.job.heartbeat
+    plan, schedule = job.plan, job.schedule
     a.net.train()
-    first = _restore(a, resume, schedule, res) if resume else 1
+    first = _restore(a, full_state.resume) if full_state and full_state.resume else 1
     if a.steps is not None:
-        phase[0] = "start-up: compiling and capturing the micro-batch shapes"
+        a.phase.now = "start-up: compiling and capturing the micro-batch shapes"
         a.steps.prepare(batching.shapes(plan.data.max_doc_tokens, plan.schedule.micro_batch_tokens))
         a.opt.zero_grad(set_to_none=False)  # what the made-up start-up batches accumulated
         res.graphs = {"shapes": len(a.steps.buffers), "captured": len(a.steps.graphs), "failed": a.steps.failed}
-    books, total = _Accounts(), len(schedule["updates"])
+    total = len(schedule["updates"])
     t_start = time.perf_counter()
     for u, update_docs in enumerate(schedule["updates"], start=1):
         if u < first:
@@ -508,20 +545,19 @@ def _train(plan, arm_name, model, tokenizer, docs, schedule, device, rank, world
         if update_sha256(update_docs) != schedule["update_sha256"][u - 1]:
             raise RuntimeError(f"schedule entry {u} does not match its registered hash")
         where = f"update {u} of {total}"
-        phase[0] = where
-        n_global = schedule["target_tokens"][u - 1]
-        with profiled(profile, u, device):
-            out = _update(a, u, rank_share(update_docs, rank, world), n_global, phase, where, res)
+        a.phase.now = where
+        with profiled(job.profile, u, a.device):
+            out = _update(a, u, rank_share(update_docs, a.rank, a.world), schedule["target_tokens"][u - 1], where)
         if u == first:
             res.wire_first = out.wire_before  # where the startup phase ends (metering)
         eta = (time.perf_counter() - t_start) / (u - first + 1) * (total - u)
-        stop = _account(a, u, total, out, n_global, update_docs, res, books, limits, on_step, eta)
+        stop = _account(a, u, out, update_docs, eta)
         if heartbeat is not None:  # after rank 0 journaled the update's metrics: the same count
             heartbeat.progress(u)
         if full_state and full_state.saves_after(u, total):
             if heartbeat is not None:  # a save and its upload: no update bound fits them
                 heartbeat.phase("full state")
-            _save_full_state(full_state, u, a.arm.name, model, a.opt, a.hook, res, rank, world)
+            _save_full_state(full_state, u, a.arm.name, job.model, a.opt, a.hook, res, a.rank, a.world)
             if heartbeat is not None:
                 heartbeat.phase("updates")
         _agree_to_stop(a, stop, u)

@@ -43,7 +43,7 @@ from gradshare.train import env, failures, fullstate, heartbeat, profiling
 from gradshare.train import faults as F
 from gradshare.train import workdir as workdir_files
 from gradshare.train.link_check import LinkTooSlow, check_link
-from gradshare.train.loop import FullStatePolicy, LimitStop, train
+from gradshare.train.loop import FullStatePolicy, LimitStop, TrainJob, train
 from gradshare.train.memory import DeviceMemoryError, cap_device_memory
 from gradshare.train.replicas import ReplicaMismatch, check_agree
 from gradshare.train.result import StoreRefused, checkpoint_dir, record, signals_deferred
@@ -162,8 +162,8 @@ def _train(r: _Rank):
     if full.resume:
         seen.extend(schedule["update_sha256"][:full.resume["loop"]["update"]])
     profile = profiling.from_env(workdir, r.rank)
-    res = train(plan, r.arm, model, tokenizer, docs, schedule, r.device, r.rank, r.world, on_step, r.log, limits,
-                full, profile, heartbeat=r.beat)
+    res = train(TrainJob(plan, r.arm, model, tokenizer, docs, schedule, r.device, r.rank, r.world, on_step=on_step,
+                         log=r.log, limits=limits, full_state=full, profile=profile, heartbeat=r.beat))
     r.beat.phase("finish")  # the replica check, the checkpoint and its upload: alive is what counts
     r.phases_s["updates"] = res.active_s
     if box is not None and profile is not None and profile.out.exists():

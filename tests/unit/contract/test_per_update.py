@@ -46,8 +46,8 @@ def _trained_with_the_made_up_metric(tmp_path, monkeypatch) -> tuple[list[float]
     def on_step(u, metrics, docs_sha):
         logged[u] = metrics
 
-    res = loop.train(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1, on_step=on_step,
-                     log=lambda *a: None)
+    res = loop.train(loop.TrainJob(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
+                                   on_step=on_step, log=lambda *a: None))
     return res.losses, logged
 
 

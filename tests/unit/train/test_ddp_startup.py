@@ -43,10 +43,10 @@ def test_no_gradient_exists_when_ddp_builds_or_rebuilds_its_buckets(tmp_path, mo
     grads_at_update = []
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        loop.train(plan, "dense", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
+        loop.train(loop.TrainJob(plan, "dense", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
                    on_step=lambda u, m, s: grads_at_update.append(
                        {p.grad.untyped_storage().data_ptr() for p in model.parameters()}),
-                   log=lambda *a: None)
+                   log=lambda *a: None))
     finally:
         dist.destroy_process_group()
     assert seen == {"at_construction": 0, "at_rebuild": 0}

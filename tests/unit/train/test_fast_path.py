@@ -261,7 +261,7 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     from gradshare.data.tokenizer import load_tokenizer, train_bpe
     from gradshare.model.lm import build_model
     from gradshare.model.source import model_config
-    from gradshare.train.loop import train
+    from gradshare.train.loop import TrainJob, train
 
     updates = 3
     docs = documents(updates * DOCS_PER_UPDATE, 7)
@@ -273,8 +273,8 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
-        res = train(plan, "powersgd", model, tok, by_id, schedule, torch.device("cpu"), 0, 1,
-                    log=lambda *a: None)
+        res = train(TrainJob(plan, "powersgd", model, tok, by_id, schedule, torch.device("cpu"), 0, 1,
+                    log=lambda *a: None))
     finally:
         dist.destroy_process_group()
     assert res.hook_passes == updates

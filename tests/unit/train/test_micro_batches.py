@@ -29,7 +29,7 @@ from gradshare.data.tokenizer import load_tokenizer, train_bpe
 from gradshare.model.lm import TokenLoss, build_model
 from gradshare.model.source import model_config
 from gradshare.contract.plan import PlanError, load_plan
-from gradshare.train.loop import train
+from gradshare.train.loop import TrainJob, train
 from gradshare.train.memory import DeviceMemoryError, out_of_memory_reason
 from tests.two_ranks import run_two_ranks
 
@@ -66,8 +66,8 @@ def _train(arm: str, extra: dict, root, rank: int = 0, world: int = 1) -> dict:
     plan = load_plan("tiny", {**SMALL, **procs, **extra})
     model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
     norms = []
-    res = train(plan, arm, model, tok, docs, schedule, torch.device("cpu"), rank, world,
-                on_step=lambda u, m, sha: norms.append(m["train/grad_norm"]), log=lambda *a: None)
+    res = train(TrainJob(plan, arm, model, tok, docs, schedule, torch.device("cpu"), rank, world,
+                on_step=lambda u, m, sha: norms.append(m["train/grad_norm"]), log=lambda *a: None))
     return {"losses": res.losses, "grad_norms": norms, "tokens": res.tokens, "hook_passes": res.hook_passes,
             "graphs": res.graphs}
 
@@ -150,9 +150,9 @@ def test_ddp_buckets_are_final_before_the_first_update(inputs_dir):
             plan = load_plan("tiny", {**SMALL, "arms.rows": "single:single:1,dense:dense:1,powersgd:powersgd:2",
                                       "hardware.gradient_as_bucket_view": "true", **extra})
             model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
-            loop.train(plan, "dense", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
+            loop.train(loop.TrainJob(plan, "dense", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
                        on_step=lambda u, m, s: ptrs.append([p.grad.data_ptr() for p in model.parameters()]),
-                       log=lambda *a: None)
+                       log=lambda *a: None))
             moved[layout] = any(p != ptrs[0] for p in ptrs[1:])
     finally:
         dist.destroy_process_group()
@@ -182,8 +182,8 @@ def test_an_arm_out_of_device_memory_names_the_cap_the_update_and_the_allocation
     plan = load_plan("tiny", {**SMALL, **PACKED, "hardware.max_device_gib": "44"})
     model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
     with pytest.raises(DeviceMemoryError) as err:
-        train(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
-              on_step=lambda u, m, sha: armed.append(u), log=lambda *a: None)
+        train(TrainJob(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1,
+              on_step=lambda u, m, sha: armed.append(u), log=lambda *a: None))
     assert str(err.value).startswith("out of device memory in update 2 of 4, micro-batch 1 of ")
     assert "tried to allocate 96.00 MiB" in str(err.value)
 
@@ -217,8 +217,8 @@ def test_a_packed_arm_resumed_from_its_full_state_continues_exactly(inputs_dir, 
     try:
         def run(full):
             model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
-            res = train(plan, arm, model, tok, docs, schedule, torch.device("cpu"), 0, 1, log=lambda *a: None,
-                        full_state=full)
+            res = train(TrainJob(plan, arm, model, tok, docs, schedule, torch.device("cpu"), 0, 1, log=lambda *a: None,
+                        full_state=full))
             return res, {k: v.clone() for k, v in model.state_dict().items()}
 
         straight, want = run(FullStatePolicy(every=2, root=tmp_path / "fs", on_saved=lambda p, m: saved.update(path=p)))

@@ -9,7 +9,7 @@ from gradshare.contract.plan import load_plan
 from gradshare.model.lm import build_model
 from gradshare.model.source import model_config
 from gradshare.train import profiling
-from gradshare.train.loop import train
+from gradshare.train.loop import TrainJob, train
 from tests.unit.train.test_micro_batches import SMALL, _inputs
 
 
@@ -24,8 +24,8 @@ def test_the_update_asked_for_is_profiled_and_no_other(tmp_path):
     monkey = pytest.MonkeyPatch()
     monkey.setattr(torch.profiler.profile, "__enter__", lambda self: (started.append(1), real(self))[1])
     try:
-        res = train(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1, log=lambda *a: None,
-                    profile=request)
+        res = train(TrainJob(plan, "single", model, tok, docs, schedule, torch.device("cpu"), 0, 1, log=lambda *a: None,
+                    profile=request))
     finally:
         monkey.undo()
     assert len(res.losses) == 4 and started == [1]
