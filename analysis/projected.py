@@ -18,6 +18,7 @@ from gradshare.contract import speed
 from gradshare.cost import link as ML
 from gradshare.cost import projection as P
 from gradshare.tracking import connection
+from gradshare.tracking import figures as study_figures
 
 MEASURED_RATE_FACTORS = (0.5, 1, 2)  # the measured machine at these multiples of its link
 
@@ -28,7 +29,7 @@ def _clean(rows: list[dict]) -> list[dict]:
 
 def compute(rec) -> dict:
     prep = connection.client().get_run(rec.prepare_run_id)
-    hosts = P.for_plan(rec.plan, prep, log=lambda *a: None)
+    hosts = P.for_plan(rec.plan, study_figures.study_workload(prep, rec.plan), log=lambda *a: None)
     hosts["rows"] = _clean(hosts["rows"])
     return {"study_hosts": hosts, "measured": _measured(rec)}
 

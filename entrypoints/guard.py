@@ -4,13 +4,13 @@
     gradshare guard --study gradshare-full --now      # stops them at once
 
 Which instances, when, the run it keeps and where its credentials come from:
-`gradshare.cost.guard`.
+`gradshare.steps.guard`.
 """
 from __future__ import annotations
 
 import argparse
 
-from gradshare.cost.guard import guard
+from gradshare.steps.guard import guard
 
 
 def main(argv=None) -> None:

@@ -21,6 +21,7 @@ from gradshare.contract.plan import load_plan
 from gradshare.cost import link as ML
 from gradshare.cost import measured as hosts_measured
 from gradshare.cost.projection import DEFAULT_HOSTS, for_plan, markdown, plot
+from gradshare.tracking import figures as study_figures
 from gradshare.tracking import store, study_runs
 
 
@@ -63,7 +64,8 @@ def main(argv=None) -> None:
         except StudyError as exc:
             raise SystemExit(f"[gradshare] project: {exc}") from None
         try:
-            plan, measured = ML.from_study(args.study)
+            measured = ML.from_measurements(plan, study_figures.link_arms(args.study, plan),
+                                            f"the machine study {args.study!r} ran on")
         except ValueError as exc:  # e.g. no finished single arm yet: the study's hosts still project
             out["measured"] = {"reason": str(exc)}
             print(f"## The machine study {args.study!r} ran on: not projected ({exc})\n")
@@ -73,10 +75,11 @@ def main(argv=None) -> None:
             print(f"## {measured.name} ({measured.source})\n\n" + ML.table(rows, plan.screen.speed_baseline) + "\n")
     else:
         plan = load_plan("full", {})
-    figures = hosts_measured.latest(args.study) if args.study else None  # the preflight, where it ran
+    figures = study_figures.preflight(args.study) if args.study else None  # the preflight, where it ran
     if figures is not None:
         print(f"[gradshare] the link and host link {hosts_measured.provenance(figures)}", flush=True)
-    p = for_plan(plan, prep, log=lambda m: print(m, flush=True), hosts=hosts, figures=figures)
+    p = for_plan(plan, study_figures.study_workload(prep, plan), log=lambda m: print(m, flush=True), hosts=hosts,
+                 figures=figures)
     out["study_hosts"] = p
     print(f"## The study's hosts, a projection\n\n{markdown(p)}")
     if args.plot:

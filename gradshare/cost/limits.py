@@ -1,15 +1,16 @@
 """The study's deadline and budget, enforced: before an arm starts and at every update.
 
-    limits = before_arm(study, prep, plan, arm)   # driver: refuses (`deadline: ...`/`budget: ...`)
+    known = study_figures.read(study, prep, plan)  # driver: the study's measured figures, then
+    limits = arm_limits(plan, arm, known)         # ... refuses (`deadline: ...`/`budget: ...`)
     limits.write(workdir)                         # ... and hands the figures to the workers
     limits = Limits.read(workdir)                 # worker, rank 0, after each update:
     stop = limits.check(update, now, next_update_s, cross_zone_bytes)   # None or (kind, reason)
 
 The study's clock starts when prepare starts (`study_start_epoch_s`, a parameter of the
-prepare run); its deadline is `infra.deadline_hours` later. Spend is what the arms' hosts
-cost: each train attempt's hosts x its wall seconds x the host price, plus the cross-zone
-bytes its hosts measured (sent and received, each direction billed) x
-`infra.cross_zone_usd_per_gb`. "Faster execution with more total GPU time is not a cost
+prepare run, read by `gradshare.tracking.figures`); its deadline is `infra.deadline_hours`
+later. Spend is what the arms' hosts cost: each train attempt's hosts x its wall seconds x the
+host price, plus the cross-zone bytes its hosts measured (sent and received, each direction
+billed) x `infra.cross_zone_usd_per_gb`. "Faster execution with more total GPU time is not a cost
 reduction" (the plan): spend counts every second a host is held, start-up and checkpoint
 included, not only the active updates.
 
@@ -26,22 +27,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal
-from gradshare.contract.tags import ARM, ATTEMPT, REFUSAL
+from gradshare.contract.tags import ARM
 from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, arm_cross_zone_bytes, crosses_zones, exchange_bytes
-from gradshare.model.source import MODEL_SHAPES, parameter_shapes
-from gradshare.tracking import connection, study_runs
+from gradshare.model.source import parameter_shapes
+from gradshare.tracking import figures as study_figures
 
-
-START_PARAM = "study_start_epoch_s"
 FILE = "limits.json"
 
 
@@ -110,12 +108,6 @@ class Limits:
 
 # --- before an arm --------------------------------------------------------------------------
 
-def study_start(prep) -> float:
-    """When the study started: prepare's recorded start, or its run's start for older studies."""
-    value = prep.data.params.get(START_PARAM)
-    return float(value) if value else prep.info.start_time / 1000
-
-
 def run_spend(plan, run) -> float:
     """What one train attempt cost: its hosts over its wall time, and its measured cross-zone bytes."""
     arm = run.data.tags.get(ARM, "")
@@ -133,51 +125,44 @@ def run_spend(plan, run) -> float:
     return seconds * hosts * host_price(plan) / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
 
 
-def spent(study: str, plan, exclude_run_id: str | None = None) -> float:
-    """Spend of every train attempt so far (refusals cost nothing: they never held a host)."""
-    total = 0.0
-    for run in study_runs.search(study, "train"):
-        if run.info.run_id == exclude_run_id or run.data.tags.get(REFUSAL) == "true":
-            continue
-        if ATTEMPT not in run.data.tags:
-            continue  # an unavailable arm's record, or a launcher that never started workers
-        total += run_spend(plan, run)
-    return total
+def spent(plan, attempts, exclude_run_id: str | None = None) -> float:
+    """Spend of every train attempt so far (`StudyFigures.attempts`: refusals cost nothing, they
+    never held a host), but the run `exclude_run_id`."""
+    return sum((run_spend(plan, run) for run in attempts if run.info.run_id != exclude_run_id), 0.0)
 
 
 def measured_startup_s(run) -> float | None:
-    """A finished arm's seconds beyond its updates, as measured: the worker's wall time less its
-    updates (process group, model init or load, compile, checkpoint write), plus the launch and
-    the checkpoint's upload where its phases were recorded (`metrics.PHASES`)."""
-    m = run.data.metrics
+    """A finished arm's (`FinishedRun`) seconds beyond its updates, as measured: the worker's wall
+    time less its updates (process group, model init or load, compile, checkpoint write), plus the
+    launch and the checkpoint's upload where its phases were recorded (`metrics.PHASES`)."""
+    m = run.metrics
     if M.WALL_S not in m:
         return None
     extra = sum(m.get(M.phase_s(p), 0.0) for p in ("launch", "checkpoint_upload"))
     return max(m[M.WALL_S] - m.get(M.ACTIVE_S, 0.0), 0.0) + extra
 
 
-def expected_arm(study: str, plan, arm: str) -> dict:
-    """Projected seconds of the arm: a finished arm's measured rate where one with as many
-    processes exists; else the plan's update seconds, with the start-up measured on any
-    finished arm of the study (a model's init, compile and checkpoint do not depend on the
-    number of processes) or, before any, the plan's."""
+def expected_arm(plan, arm: str, known) -> dict:
+    """Projected seconds of the arm, from the study's figures `known` (`StudyFigures`): a finished
+    arm's measured rate where one with as many processes exists; else the plan's update seconds,
+    with the start-up measured on any finished arm of the study (a model's init, compile and
+    checkpoint do not depend on the number of processes) or, before any, the plan's."""
     n = plan.arms.processes(arm)
     startup = None
     for other in plan.arms.names:
-        for run in study_runs.search(study, "train", other, status="FINISHED"):
+        for run in known.finished[other]:
             run_startup = measured_startup_s(run)
             if run_startup is None:
                 continue
-            hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
-            if plan.arms.processes(other) == n and hist:
-                return {"update_s": statistics.median(hist), "startup_s": run_startup,
+            if plan.arms.processes(other) == n and run.median_step_s is not None:
+                return {"update_s": run.median_step_s, "startup_s": run_startup,
                         "source": f"measured on arm {other}"}
             startup = startup or (run_startup, other)
     start_s, start_source = (startup[0], f"start-up and checkpoint measured on arm {startup[1]}") if startup \
         else (plan.arms.expected_startup_s, "the plan's arms.expected_startup_s")
-    figures = measured.latest(study) if n > 1 else None
+    figures = known.preflight if n > 1 else None
     if figures is not None:  # the hosts' own link, measured before any arm spent on it
-        c, c_source = measured.compute_s(study, plan)
+        c, c_source = measured.compute_s(plan, known.finished)
         per = measured.arm_seconds(plan, arm, c, figures) / plan.schedule.updates
         return {"update_s": per, "startup_s": start_s,
                 "source": f"{c_source} x 1/2 + the exchange {measured.provenance(figures)}; {start_source}"}
@@ -185,21 +170,9 @@ def expected_arm(study: str, plan, arm: str) -> dict:
             "source": f"the plan's arms.expected_update_s; {start_source}"}
 
 
-def expected_startup_s(study: str, plan) -> float:
+def expected_startup_s(plan, known) -> float:
     """An arm's expected seconds besides its updates (`expected_arm`'s; they do not depend on the arm)."""
-    return expected_arm(study, plan, plan.arms.names[0])["startup_s"]
-
-
-def prepared_shapes(prep, plan) -> list[tuple[int, ...]]:
-    """The model's trainable parameter shapes as prepare recorded them (`model_shapes.json`); a
-    study prepared before they were recorded has them built on the meta device (about 5 s)."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        recorded = json.loads(study_runs.read_text(prep.info.run_id, MODEL_SHAPES))
-    except (MlflowException, OSError):
-        return parameter_shapes(plan)
-    return [tuple(s) for s in recorded["shapes"]]
+    return expected_arm(plan, plan.arms.names[0], known)["startup_s"]
 
 
 def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = None) -> float:
@@ -210,17 +183,15 @@ def expected_cross_bytes(plan, arm: str, shapes: list[tuple[int, ...]] | None = 
     return arm_cross_zone_bytes(plan, arm, exchange_bytes(plan, parameter_shapes(plan) if shapes is None else shapes))
 
 
-def study_left(study: str, prep, plan, now: float, spent_usd: float, shapes: list[tuple[int, ...]]) -> None:
-    """Where the study's preflight measured its hosts: the arms not yet finished, together, on
-    those hosts (`measured.go_no_go`, for a model of `shapes`); a Refusal naming the measured
+def study_left(plan, known, now: float, spent_usd: float) -> None:
+    """Where the study's preflight measured its hosts (`known.preflight`): the arms not yet
+    finished, together, on those hosts (`measured.go_no_go`); a Refusal naming the measured
     figure where they cannot all end within the deadline and the budget, so that no arm spends
     on a study that cannot end."""
-    figures = measured.latest(study)
+    figures = known.preflight
     if figures is None:
         return
-    done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
-    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), expected_startup_s(study, plan),
-                                shapes, study_start(prep), now, spent_usd, done, figures.get("per_update"))
+    verdict = measured.go_no_go(plan, figures, known, expected_startup_s(plan, known), now, spent_usd)
     if verdict["go"] != "go":
         word = "deadline" if any("deadline" in w for w in verdict["why"]) else "budget"
         rows = ", ".join(f"{r['arm']} {r['seconds']:.0f} s ${r['usd']:.2f}" for r in verdict["arms"])
@@ -229,26 +200,26 @@ def study_left(study: str, prep, plan, now: float, spent_usd: float, shapes: lis
                       f"{'; '.join(verdict['why'])}; not started")
 
 
-def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
+def arm_limits(plan, arm: str, known, own_run_id: str | None = None, now: float | None = None,
                updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
-    """Refuse an arm that would pass the deadline or the bound; else the figures for its workers.
-    A resumed arm projects only its `updates_left`, and its earlier part is `extra_spent`."""
+    """Refuse an arm that would pass the deadline or the bound, by the study's figures `known`
+    (`StudyFigures`, its own run `own_run_id` not yet spent); else the figures for its workers. A
+    resumed arm projects only its `updates_left`, and its earlier part is `extra_spent`."""
     now = time.time() if now is None else now
-    start = study_start(prep)
+    start = known.start_epoch
     deadline = start + plan.infra.deadline_hours * 3600
     hosts = plan.arms.processes(arm)
     usd_per_s = hosts * host_price(plan) / 3600
     cross_rate = plan.infra.cross_zone_usd_per_gb / GB if crosses_zones(plan, arm) else 0.0
-    before = spent(study, plan, exclude_run_id=own_run_id) + extra_spent
-    exp = expected_arm(study, plan, arm)
+    before = spent(plan, known.attempts, exclude_run_id=own_run_id) + extra_spent
+    exp = expected_arm(plan, arm, known)
     left = plan.schedule.updates if updates_left is None else updates_left
     seconds = exp["startup_s"] + left * exp["update_s"]
-    shapes = prepared_shapes(prep, plan)  # one download, for this arm's bytes and the study's remaining arms
-    cross = expected_cross_bytes(plan, arm, shapes) * left / plan.schedule.updates
+    cross = expected_cross_bytes(plan, arm, known.shapes) * left / plan.schedule.updates
     cost = seconds * usd_per_s + cross * cross_rate
     how = (f"projected {seconds:.0f} s ({exp['startup_s']:.0f} s start-up and checkpoint + "
            f"{left} updates x {exp['update_s']:.2f} s, {exp['source']})")
-    study_left(study, prep, plan, now, before, shapes)
+    study_left(plan, known, now, before)
     if now + seconds > deadline:
         raise Refusal(f"deadline: arm {arm} would end at {_utc(now + seconds)}, past the study's deadline "
                         f"{_utc(deadline)} (start {_utc(start)} + {plan.infra.deadline_hours:g} h): {how}; "
@@ -261,3 +232,17 @@ def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, 
     return Limits(start_epoch=start, deadline_epoch=deadline, budget_usd=plan.infra.budget_usd,
                   spent_before_usd=before, usd_per_s=usd_per_s, cross_usd_per_byte=cross_rate,
                   arm_start_epoch=now, updates=plan.schedule.updates)
+
+
+# --- train/driver.py's calls, by their old names ------------------------------------------------
+# The driver is being split on another branch and is left alone here. Until that lands, its calls
+# read the store through these and compute as above; after it, the driver calls
+# `tracking.figures` and `arm_limits` itself, and these go with their line in tests/unit/test_layers.py.
+
+def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
+               updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
+    """`arm_limits` on the study's figures, read here (the driver's call)."""
+    return arm_limits(plan, arm, study_figures.read(study, prep, plan), own_run_id, now, updates_left, extra_spent)
+
+
+prepared_shapes = study_figures.prepared_shapes  # the driver's call, read by the reader

@@ -28,12 +28,10 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from gradshare.contract import metrics as M
 from gradshare.contract import speed
 from gradshare.cost.accounting import host_price
 from gradshare.cost.share import work_share
 from gradshare.cost.volume import GB, cross_zone_bytes, wire_bytes_per_rank
-from gradshare.tracking import connection, store, study_runs
 
 # s: one rank's documents in the plan's two-process arms, kept for every W; what the arm's own
 # cores or devices add over that share is in x(arm), measured
@@ -177,24 +175,6 @@ def with_link_efficiency(m: Machine, plan, arms: dict[str, dict]) -> Machine:
                    usd_per_host_hour=m.usd_per_host_hour, cross_zone_usd_per_gb=m.cross_zone_usd_per_gb,
                    link_mbit=rates.pop(), arms=fitted, measured_s=measured, one_process=m.one_process,
                    source=m.source + "; each arm's link efficiency fitted on its run across the link")
-
-
-def from_study(study: str) -> tuple[object, Machine]:
-    """The plan and the measured machine of a study's FINISHED arms, read through MLflow."""
-    # MLflow, here only: a projection without a study needs no tracking store
-    _, plan = store.prepared_plan(study)
-    c = connection.client()
-    arms = {}
-    for arm in plan.arms.names:
-        runs = study_runs.search(study, "train", arm, status="FINISHED")
-        if not runs:
-            continue
-        rid = runs[-1].info.run_id
-        arms[arm] = {"step_s": [(m.step, m.value) for m in c.get_metric_history(rid, M.STEP_S)],
-                     "tokens_per_s": [(m.step, m.value) for m in c.get_metric_history(rid, M.TOKENS_PER_S)],
-                     "logical_bytes": [(m.step, m.value) for m in c.get_metric_history(rid, M.LOGICAL_BYTES)],
-                     "link_rate_mbit": runs[-1].data.params.get("link_rate_mbit")}
-    return plan, from_measurements(plan, arms, f"the machine study {study!r} ran on")
 
 
 def with_speed_ratio(m: Machine, plan, row: dict) -> dict:

@@ -21,17 +21,12 @@ the last's, so that a burst allowance that would run out shows as a range.
 from __future__ import annotations
 
 import dataclasses
-import json
-import statistics
 
 from gradshare.cost.accounting import host_price
 from gradshare.cost.share import compute_share
 from gradshare.cost.volume import GB, WIRE_OVERHEAD, arm_cross_zone_bytes, exchange_bytes, ring_factor
-from gradshare.contract import metrics as M
 from gradshare.contract import speed
-from gradshare.tracking import connection, study_runs
-
-ARTIFACT = "preflight.json"
+from gradshare.tracking import figures as study_figures
 
 
 def summarize(plan, results: dict[str, dict]) -> dict:
@@ -83,16 +78,6 @@ def arm_seconds(plan, arm: str, compute_s: float, figures: dict, updates: int | 
     return sum(update_s(plan, arm, u, compute_s, figures, rate=rate) for u in range(first, n + 1))
 
 
-def latest(study: str) -> dict | None:
-    """The study's latest finished preflight's figures, or None."""
-    runs = study_runs.search(study, "preflight", status="FINISHED")
-    if not runs:
-        return None
-    figures = json.loads(study_runs.read_text(runs[0].info.run_id, ARTIFACT))
-    figures["run_id"] = runs[0].info.run_id
-    return figures
-
-
 def provenance(figures: dict) -> str:
     return f"measured on these hosts, preflight run {figures['run_id']}"
 
@@ -119,26 +104,29 @@ def plan_with(plan, figures: dict) -> tuple[object, str]:
     return dataclasses.replace(plan, infra=dataclasses.replace(plan.infra, **infra)), line
 
 
-def compute_s(study: str, plan) -> tuple[float, str]:
-    """One device's whole update: a one-process arm's (kind `single`) measured median, or the plan's figure."""
+def compute_s(plan, finished: dict) -> tuple[float, str]:
+    """One device's whole update: a one-process arm's (kind `single`) measured median, from the
+    study's FINISHED runs (`StudyFigures.finished`), or the plan's figure."""
     for arm in plan.one_process_arms():
-        for run in study_runs.search(study, "train", arm, status="FINISHED"):
-            hist = [x.value for x in connection.client().get_metric_history(run.info.run_id, M.STEP_S)]
-            if hist:
-                return statistics.median(hist), f"the {arm} arm's measured median (run {run.info.run_id})"
+        for run in finished[arm]:
+            if run.median_step_s is not None:
+                return run.median_step_s, f"the {arm} arm's measured median (run {run.run_id})"
     return plan.arms.expected_update_s, "the plan's arms.expected_update_s (no one-process arm finished yet)"
 
 
-def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, shapes, start_epoch: float,
-             now: float, spent_usd: float, done_arms: set[str], per_update: dict[str, float] | None = None) -> dict:
-    """Hours and dollars of the arms not yet done, on the measured hosts, against the deadline and
-    the budget; the speed screen projected at the burst and at the sustained rate. `per_update`:
-    each arm's seconds per update from the GPU projection with the measured figures
-    (`projection.for_plan(..., figures=)`: compression and the host error's copies counted), in
-    place of this module's compute-plus-exchange."""
-    c, c_source = compute
+def go_no_go(plan, figures: dict, known, startup_s: float, now: float, spent_usd: float) -> dict:
+    """Hours and dollars of the arms not yet done, on the hosts the preflight measured (`figures`),
+    against the deadline and the budget; the speed screen projected at the burst and at the
+    sustained rate. `known` (`StudyFigures`): the arms done, the one-process arm's measured update,
+    the model's shapes and the study's start. `figures["per_update"]`, where set: each arm's
+    seconds per update from the GPU projection with the measured figures (`projection.for_plan(...,
+    figures=)`: compression and the host error's copies counted), in place of this module's
+    compute-plus-exchange."""
+    c, c_source = compute_s(plan, known.finished)
+    per_update = figures.get("per_update")
     price = host_price(plan)
-    exchange = exchange_bytes(plan, shapes)
+    exchange = exchange_bytes(plan, known.shapes)
+    done_arms = known.done
     rows, total_s, total_usd = [], 0.0, 0.0
     for arm in plan.arms.names:
         if arm in done_arms:
@@ -150,7 +138,7 @@ def go_no_go(plan, figures: dict, compute: tuple[float, str], startup_s: float, 
         usd = hosts * seconds * price / 3600 + cross / GB * plan.infra.cross_zone_usd_per_gb
         rows.append({"arm": arm, "seconds": seconds, "usd": usd, "cross_zone_GB": cross / GB})
         total_s, total_usd = total_s + seconds, total_usd + usd
-    deadline = start_epoch + plan.infra.deadline_hours * 3600
+    deadline = known.start_epoch + plan.infra.deadline_hours * 3600
     fits_deadline = now + total_s <= deadline
     fits_budget = spent_usd + total_usd <= plan.infra.budget_usd
     speed_at = {}
@@ -251,3 +239,8 @@ def table(figures: dict) -> str:
     if g["why"]:
         lines.append("No-go: " + "; ".join(g["why"]) + ".")
     return "\n".join(lines) + "\n"
+
+
+# train/driver.py's call by its old name: the driver is being split on another branch and is left
+# alone here; after the split it calls `tracking.figures.preflight`, and this goes (tests/unit/test_layers.py).
+latest = study_figures.preflight

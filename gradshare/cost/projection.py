@@ -48,9 +48,8 @@ from gradshare.cost.volume import (
 )
 from gradshare.inputs import workload
 from gradshare.inputs.build import build_inputs
-from gradshare.inputs.workload import WORKLOAD, scaled
+from gradshare.inputs.workload import scaled
 from gradshare.model.source import parameter_shapes
-from gradshare.tracking import study_runs
 
 
 DEFAULT_HOSTS = ML.DEFAULT_HOSTS
@@ -322,11 +321,11 @@ def full_profile_workload(log=print) -> tuple[object, dict]:
     return plan, record
 
 
-def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS, figures: dict | None = None) -> dict:
-    """The projection of a study's hosts: its recorded workload where it is a full-profile study that
-    recorded one, else the full profile's, built here by prepare's code. `figures`: the study's
-    preflight (`gradshare.cost.measured`), whose link and host link replace the declared ones."""
-    record = recorded_workload(prep) if (prep is not None and plan.study.profile == "full") else None
+def for_plan(plan, record: dict | None = None, log=print, hosts=DEFAULT_HOSTS, figures: dict | None = None) -> dict:
+    """The projection of a study's hosts: its recorded workload (`record`, where it is a full-profile
+    study that recorded one: `tracking.figures.study_workload`), else the full profile's, built here
+    by prepare's code. `figures`: the study's preflight (`gradshare.cost.measured`), whose link and
+    host link replace the declared ones."""
     source = "the study's prepared schedule (inputs/workload.json)"
     if record is None:
         _, record = full_profile_workload(log)
@@ -345,21 +344,11 @@ def for_plan(plan, prep=None, log=print, hosts=DEFAULT_HOSTS, figures: dict | No
     return out
 
 
-def recorded_workload(prep) -> dict | None:
-    """The workload prepare recorded for a study (None for a study prepared before it did)."""
-    # MLflow is imported here only: the command without a study runs without a tracking store
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return json.loads(study_runs.read_text(prep.info.run_id, f"inputs/{WORKLOAD}"))
-    except (MlflowException, OSError):
-        return None
-
-
-def gpu_per_update(plan, prep, figures: dict) -> dict[str, float] | None:
-    """Each arm's seconds per update from the GPU projection with the measured link and host link
-    (a GPU study); None on CPUs, where the projection's GPU figures say nothing."""
+def gpu_per_update(plan, record: dict | None, figures: dict) -> dict[str, float] | None:
+    """Each arm's seconds per update from the GPU projection (of the study's recorded workload
+    `record`, as `for_plan`) with the measured link and host link (a GPU study); None on CPUs,
+    where the projection's GPU figures say nothing."""
     if plan.hardware.device != "cuda":
         return None
-    rows = for_plan(plan, prep, log=lambda *a: None, figures=figures)["rows"]
+    rows = for_plan(plan, record, log=lambda *a: None, figures=figures)["rows"]
     return {r["arm"]: r["s_per_update"] for r in rows}

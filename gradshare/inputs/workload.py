@@ -7,7 +7,7 @@ The projection's compute per update is built from these (`gradshare.cost.project
 shorter documents has fewer padded tokens, and only its matrix work shrinks.
 
     record = describe(plan, docs, tokenizer, schedule)      # prepare writes it as inputs/workload.json
-    record = projection.recorded_workload(prep)             # what `gradshare project` reads of a study
+    record = tracking.figures.study_workload(prep, plan)    # what `gradshare project` reads of a study
 """
 from __future__ import annotations
 

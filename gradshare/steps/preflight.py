@@ -31,12 +31,10 @@ from gradshare.contract.tags import NOTE, SOCKETS_BEST
 from gradshare.cost import limits, measured, projection
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
-from gradshare.tracking import outbox, store, study_runs
+from gradshare.tracking import figures as study_figures
+from gradshare.tracking import outbox, store
 from gradshare.train.driver import Launch, check_launch, free_port, thread_env
 from gradshare.train import failures
-
-ARTIFACT = "preflight.json"
-
 
 def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
     """(dense's all-reduces per update, a compressed update's), bytes. Dense's are DDP's buckets
@@ -206,7 +204,7 @@ def run_preflight(study: str, launch: Launch, log=print) -> dict:
 
     prep, plan = store.prepared_plan(study)
     check_launch(launch)
-    shapes = limits.prepared_shapes(prep, plan)
+    shapes = study_figures.prepared_shapes(prep, plan)
     results = measure(plan, shapes, launch, log)
     if launch.machine_rank != 0:
         return {}
@@ -216,16 +214,14 @@ def run_preflight(study: str, launch: Launch, log=print) -> dict:
     figures["stop_permission"] = stop_permission(plan)
     run = mlflow.active_run()
     figures["run_id"] = run.info.run_id
-    done = {a for a in plan.arms.names if study_runs.search(study, "train", a, status="FINISHED")}
-    startup = limits.expected_startup_s(study, plan)
+    known = study_figures.read(study, prep, plan, shapes)
     # a GPU study: each arm's update from the GPU projection with the measured link and host link,
     # kept with the figures for the limits (which load no torch to recompute it)
-    figures["per_update"] = projection.gpu_per_update(plan, prep, figures)
-    verdict = measured.go_no_go(plan, figures, measured.compute_s(study, plan), startup, shapes,
-                                limits.study_start(prep), time.time(), limits.spent(study, plan), done,
-                                figures["per_update"])
+    figures["per_update"] = projection.gpu_per_update(plan, study_figures.study_workload(prep, plan), figures)
+    verdict = measured.go_no_go(plan, figures, known, limits.expected_startup_s(plan, known), time.time(),
+                                limits.spent(plan, known.attempts))
     figures["go_no_go"] = verdict
-    mlflow.log_dict(figures, ARTIFACT)
+    mlflow.log_dict(figures, study_figures.PREFLIGHT_FILE)
     mlflow.log_metrics(measured.metrics(figures))
     mlflow.set_tags({SOCKETS_BEST: figures["best"]})
     mlflow.log_params({"sockets_measured": ",".join(plan.preflight.sockets), "backend": figures["backend"],

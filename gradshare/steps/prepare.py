@@ -29,11 +29,11 @@ from gradshare.contract.errors import StudyError
 from gradshare.contract.metrics import seed_metrics
 from gradshare.contract.plan import PLAN_FILE, Plan, load_plan, plan_json
 from gradshare.contract.tags import DEVICE_NOTE, INPUT_SHA, INPUTS_SHA, PLAN_SHA, PRICE_WARNING, SEED_MODEL
-from gradshare.cost.limits import START_PARAM
 from gradshare.cost.prices import refreshed_price
 from gradshare.inputs.build import build_inputs
 from gradshare.model.source import MODEL_SHAPES, parameter_shapes
 from gradshare.tracking import connection, study_runs
+from gradshare.tracking.figures import START_PARAM
 from gradshare.util.jsonio import read_jsonl
 
 

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from gradshare.contract.plan import load_plan
 from gradshare.contract.tags import ATTEMPT, FAILURE, INTERRUPTED, REFUSAL
-from gradshare.cost.guard import start_detached
 from gradshare.steps.emulated import (
     absolute_tracking_env,
     choose_link,
     run_arm_across,
 )
+from gradshare.steps.guard import start_detached
 from gradshare.steps.prepare import archive_existing_study
 from gradshare.tracking import connection, store, study_runs
 from gradshare.tracking.server import NO_JOBS

@@ -10,6 +10,7 @@ from gradshare.cost import limits
 from gradshare.cost.volume import GB
 from gradshare.util.jsonio import read_jsonl
 from gradshare.tracking import connection, store
+from gradshare.tracking import figures as study_figures
 from gradshare.tracking import study_runs
 from tests.conftest import run_entry
 
@@ -256,7 +257,7 @@ def test_the_reports_projected_cross_zone_dollars_are_the_budget_checks_for_the_
     v = json.loads(files["verdicts.json"].read_text())
     report = files["report.md"].read_text()
     prep, plan = store.prepared_plan(study)
-    shapes = limits.prepared_shapes(prep, plan)
+    shapes = study_figures.prepared_shapes(prep, plan)
     for arm in plan.arms.names:
         budget_usd = limits.expected_cross_bytes(plan, arm, shapes) / GB * plan.infra.cross_zone_usd_per_gb
         reported = v["cost"][arm]["cross_zone_usd_projected_from_logical"]

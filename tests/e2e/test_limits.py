@@ -12,6 +12,7 @@ from gradshare.cost import limits as L
 from gradshare.contract import metrics as M
 from gradshare.contract.tags import ATTEMPT, FAILURE, REFUSAL
 from gradshare.tracking import connection
+from gradshare.tracking import figures as study_figures
 from gradshare.tracking import study_runs
 from tests.conftest import overrides, run_entry
 
@@ -56,7 +57,7 @@ def stopped_study(mlflow_server):
 def test_an_arm_reaching_the_deadline_stops_after_a_whole_update(stopped_study):
     study, _, _ = stopped_study
     [prep] = study_runs.search(study, "prepare")
-    deadline = float(prep.data.params[L.START_PARAM]) + DEADLINE_S
+    deadline = float(prep.data.params[study_figures.START_PARAM]) + DEADLINE_S
     [run] = study_runs.search(study, "train", "single")
     assert run.info.status == "FAILED"
     reason = run.data.tags[FAILURE]
@@ -97,9 +98,9 @@ def test_the_budget_check_reads_the_model_shapes_prepare_recorded(stopped_study)
     study, _, _ = stopped_study
     prep, plan = store.prepared_plan(study)
     built = parameter_shapes(plan)
-    assert L.prepared_shapes(prep, plan) == built and len(built) > 10
+    assert study_figures.prepared_shapes(prep, plan) == built and len(built) > 10
     [commit] = study_runs.search(study, "commit")  # a run with no such record
-    assert L.prepared_shapes(SimpleNamespace(info=commit.info), plan) == built
+    assert study_figures.prepared_shapes(SimpleNamespace(info=commit.info), plan) == built
     assert L.expected_cross_bytes(plan, "dense", built) == L.expected_cross_bytes(plan, "dense")
 
 
@@ -108,18 +109,18 @@ def test_an_arms_projection_reads_the_start_up_measured_on_the_studys_finished_a
     arm of another size (single, in the partial study), the plan's update seconds and that arm's
     measured start-up (wall less updates, plus launch and upload), never the declared figure."""
     from gradshare.tracking import store
-    _, plan = store.prepared_plan(trained_study)
+    prep, plan = store.prepared_plan(trained_study)
     [dense] = study_runs.search(trained_study, "train", "dense", status="FINISHED")
-    got = L.expected_arm(trained_study, plan, "dense")
+    got = L.expected_arm(plan, "dense", study_figures.read(trained_study, prep, plan))
     m = dense.data.metrics
     assert got["source"] == "measured on arm dense"
     assert got["startup_s"] == pytest.approx(m[M.WALL_S] - m[M.ACTIVE_S] + m[M.phase_s("launch")]
                                              + m[M.phase_s("checkpoint_upload")])
     study, _ = partial_study
-    _, plan = store.prepared_plan(study)
+    prep, plan = store.prepared_plan(study)
     [single] = study_runs.search(study, "train", "single", status="FINISHED")
     s = single.data.metrics
-    got = L.expected_arm(study, plan, "powersgd")
+    got = L.expected_arm(plan, "powersgd", study_figures.read(study, prep, plan))
     assert got["source"] == ("the plan's arms.expected_update_s; start-up and checkpoint measured on arm single")
     assert got["update_s"] == plan.arms.expected_update_s
     assert got["startup_s"] == pytest.approx(s[M.WALL_S] - s[M.ACTIVE_S] + s[M.phase_s("launch")]

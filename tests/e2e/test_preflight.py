@@ -28,6 +28,7 @@ from gradshare.cost.accounting import host_price
 from gradshare.hosts import netns
 from gradshare.steps.emulated import run_arm_across, run_preflight_across
 from gradshare.tracking import connection, study_runs
+from gradshare.tracking import figures as study_figures
 from tests.conftest import SMALL, overrides, run_entry
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,7 @@ def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_its_m
     study = "preflight-caps"
     run_entry("prepare", "--study", study, *overrides(PREFLIGHT))
     assert run_preflight_across(study, TOTAL_MBIT, timeout_s=600, flow_mbit=FLOW_MBIT) == 0
-    figures = measured.latest(study)
+    figures = study_figures.preflight(study)
     one, four = figures["settings"]["1x1"], figures["settings"]["4x1"]
     assert one["capacity_Bps"] * 8 / 1e6 <= FLOW_MBIT * 1.05  # one socket: one flow's cap
     assert four["capacity_Bps"] > 1.5 * one["capacity_Bps"]  # several sockets: toward the total
@@ -84,7 +85,7 @@ def test_the_preflight_reports_both_caps_and_projects_the_dense_arm_within_its_m
     assert dense.data.params["sockets"] == "4x1" and "preflight run" in dense.data.params["sockets_source"]
     assert dense.data.params["socket_env"] == "GLOO_SOCKET_IFNAME=gslink,gslink,gslink,gslink"
     plan = load_plan("tiny", {**SMALL, **PREFLIGHT})
-    compute, _ = measured.compute_s(study, plan)
+    compute, _ = measured.compute_s(plan, study_figures.finished_runs(study, plan))
     projected = measured.update_s(plan, "dense", 1, compute, figures)
     got = _median_steps(dense)
     share = figures["compute"]

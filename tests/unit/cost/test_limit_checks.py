@@ -53,12 +53,12 @@ def test_expected_cross_zone_bytes_follow_the_ring_and_the_warm_up():
 
 
 def test_past_spend_bills_each_hosts_sent_and_received_cross_zone_bytes(mlflow_server):
-    """`spent` reads a finished attempt from the store as the budget check does: its hosts over its
+    """`spent` prices a finished attempt read from the store as the budget check does: its hosts over its
     wall time, plus every byte each host sent and received across the zones, each direction billed
     (figures of different powers of two, so that any direction or host left out shows)."""
     from gradshare.contract.tags import ARM, ATTEMPT, STEP
     from gradshare.cost.accounting import host_price
-    from gradshare.tracking import connection
+    from gradshare.tracking import connection, figures
 
     plan = load_plan("tiny", {})
     assert L.crosses_zones(plan, "dense") and not L.crosses_zones(plan, "single")
@@ -74,4 +74,4 @@ def test_past_spend_bills_each_hosts_sent_and_received_cross_zone_bytes(mlflow_s
         c.set_terminated(run.info.run_id, "FINISHED", end_time=start_ms + hour_ms)
     dense = 2 * host_price(plan) + 15 * plan.infra.cross_zone_usd_per_gb  # two hosts 1 h, 15 GB
     single = 1 * host_price(plan)  # one host: nothing crossed a zone, whatever its counters say
-    assert L.spent(study, plan) == pytest.approx(dense + single, rel=1e-12)
+    assert L.spent(plan, figures.attempts(study)) == pytest.approx(dense + single, rel=1e-12)

@@ -8,9 +8,18 @@ import pytest
 from gradshare.contract.plan import load_plan
 from gradshare.cost import measured
 from gradshare.cost.share import compute_share, work_share
+from gradshare.tracking.figures import FinishedRun, StudyFigures
 
 PLAN = load_plan("tiny", {"schedule.updates": "8", "schedule.docs_per_update": "8", "data.train_per_family": "12",
                           "data.replay_docs": "16", "powersgd.warmup_updates": "2"})
+
+
+def studied(plan, single_s: float, shapes=((64, 64),)) -> StudyFigures:
+    """A study whose single arm finished, every update taking `single_s` (one device's whole update),
+    started at epoch 0 with nothing spent: what the go/no-go reads of it."""
+    single = FinishedRun("s1", "single", {}, {}, ((1, single_s), (2, single_s)))
+    return StudyFigures(start_epoch=0.0, finished={a: (single,) if a == "single" else () for a in plan.arms.names},
+                        attempts=(), shapes=tuple(shapes), preflight=None)
 
 
 def _figures(compute: dict | None, world: int = 2) -> dict:
@@ -41,8 +50,7 @@ def test_the_go_no_go_seconds_are_compute_times_the_measured_share_plus_the_roun
     assert measured.arm_seconds(PLAN, "powersgd", compute, f) == pytest.approx(2 * 0.43 + 6 * 0.19)
     assert measured.arm_seconds(PLAN, "single", compute, f) == pytest.approx(8 * 0.2)
     f["run_id"] = "r1"
-    g = measured.go_no_go(PLAN, f, (compute, "test"), 10.0, [(64, 64)], start_epoch=0.0, now=100.0, spent_usd=0.0,
-                          done_arms={"single"})
+    g = measured.go_no_go(PLAN, f, studied(PLAN, compute), 10.0, now=100.0, spent_usd=0.0)
     assert {r["arm"]: r["seconds"] for r in g["arms"]} == pytest.approx({"dense": 10 + 8 * 0.43,
                                                                         "powersgd": 10 + 2 * 0.43 + 6 * 0.19})
 

@@ -15,6 +15,7 @@ from gradshare.cost import link as ML
 from gradshare.cost import measured
 from gradshare.cost import projection as P
 from tests.unit.cost.test_projection import OVERHEAD, _calibration, _record
+from tests.unit.cost.test_share import studied
 
 DENSE = {"screen.speed_baseline": "dense", "schedule.updates": "128"}
 
@@ -63,14 +64,14 @@ def test_the_preflight_go_no_go_is_over_dense():
     n, warm, c = plan.schedule.updates, 2, 1.0
     figures = {"best": "s1", "settings": {"s1": {"dense_round_bytes": 1e6, "dense_first_Bps": 2e6,
                                                  "dense_last_Bps": 1e6, "powersgd_round_s": 0.1}}}
-    g = measured.go_no_go(plan, figures, (c, "by hand"), 0.0, [(4, 4)], 0.0, 0.0, 0.0, set())
+    g = measured.go_no_go(plan, figures, studied(plan, c, [(4, 4)]), 0.0, 0.0, 0.0)
     for rate, dense_round in (("first", 0.5), ("last", 1.0)):
         dense_s = n * (c / 2 + dense_round)
         psgd_s = warm * (c / 2 + dense_round) + (n - warm) * (c / 2 + 0.1)
         assert g["speed_ratio"][rate] == pytest.approx(dense_s / psgd_s)  # over dense's seconds, not single's n x c
     assert g["speed_arms"] == ["powersgd", "dense"]
     per_update = {"single": 1.0, "dense": 0.8, "powersgd": 0.5}  # the GPU projection's, where given
-    g = measured.go_no_go(plan, figures, (c, "by hand"), 0.0, [(4, 4)], 0.0, 0.0, 0.0, set(), per_update=per_update)
+    g = measured.go_no_go(plan, figures | {"per_update": per_update}, studied(plan, c, [(4, 4)]), 0.0, 0.0, 0.0)
     assert g["speed_ratio"]["first"] == g["speed_ratio"]["last"] == pytest.approx(0.8 / 0.5)
     assert g["speed_ratio"]["verdict"] == ("pass" if 0.8 / 0.5 >= plan.screen.speed_ratio else "fail")
 

@@ -15,6 +15,7 @@ from gradshare.hosts import sockets
 from gradshare.model.lm import build_model
 from gradshare.model.source import model_config, parameter_shapes
 from gradshare.steps.preflight import buffers
+from tests.unit.cost.test_share import studied
 
 
 @pytest.mark.parametrize("cap_mb", [1, 25])
@@ -75,18 +76,16 @@ def test_the_go_no_go_is_compute_plus_the_measured_exchange_against_deadline_and
     assert measured.arm_seconds(plan, "dense", compute, f) == pytest.approx(8 * (0.1 + 0.25))
     assert measured.arm_seconds(plan, "powersgd", compute, f) == pytest.approx(2 * 0.35 + 6 * 0.11)
     assert measured.arm_seconds(plan, "single", compute, f) == pytest.approx(8 * 0.2)
-    shapes = [(64, 64)]
-    g = measured.go_no_go(plan, f, (compute, "test"), 10.0, shapes, start_epoch=0.0, now=100.0, spent_usd=0.0,
-                          done_arms={"single"})
+    known = studied(plan, compute)  # single finished: one device's update measured
+    g = measured.go_no_go(plan, f, known, 10.0, now=100.0, spent_usd=0.0)
     assert [r["arm"] for r in g["arms"]] == ["dense", "powersgd"]  # single is done
     assert g["hours"] == pytest.approx((10 + 2.8 + 10 + 1.36) / 3600)
     assert g["go"] == "go" and g["why"] == []
     # the speed screen at the burst (first window: half the round) and the sustained rate
     assert g["speed_ratio"]["last"] == pytest.approx(8 * 0.2 / 1.36)
-    late = measured.go_no_go(plan, f, (compute, "test"), 10.0, shapes, start_epoch=0.0,
-                             now=plan.infra.deadline_hours * 3600 - 20, spent_usd=0.0, done_arms={"single"})
+    late = measured.go_no_go(plan, f, known, 10.0, now=plan.infra.deadline_hours * 3600 - 20, spent_usd=0.0)
     assert late["go"] == "no-go" and "past the deadline" in late["why"][0]
-    poor = measured.go_no_go(plan, f, (compute, "test"), 10.0, shapes, 0.0, 100.0, spent_usd=99.9999, done_arms=set())
+    poor = measured.go_no_go(plan, f, known, 10.0, 100.0, spent_usd=99.9999)
     assert poor["go"] == "no-go" and "past the $100 bound" in poor["why"][0]
 
 

@@ -21,7 +21,7 @@ import time
 
 from gradshare.contract.tags import GUARD
 from gradshare.cost import limits
-from gradshare.tracking import store, study_runs
+from gradshare.tracking import figures, store, study_runs
 
 
 def stop_instances(region: str, instance_ids: list[str]) -> list[dict]:
@@ -41,7 +41,7 @@ def guard(study: str, now: bool = False, poll_s: float = 30.0, log=print) -> lis
     i = plan.infra
     if not i.instance_ids:
         raise SystemExit("guard: the plan names no instances (infra.instance_ids): nothing to stop")
-    deadline = limits.study_start(prep) + i.deadline_hours * 3600
+    deadline = figures.study_start(prep) + i.deadline_hours * 3600
     with study_runs.study_run(study, "guard", run_name="guard"):
         mlflow.log_params({"instance_ids": ",".join(i.instance_ids), "region": i.aws_region,
                            "deadline_epoch_s": f"{deadline:.0f}"})
