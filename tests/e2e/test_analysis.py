@@ -210,7 +210,7 @@ def test_the_report_shows_tables_and_self_contained_plots(analysed):
                    "Where the arms ran", "Projection (`gradshare project`)", "The study's hosts"):
         assert needle.replace("`", "") in page.replace("<code>", "").replace("</code>", "") and needle in md
     # this study's two-process arms ran on one host: the link table and a loud line say so
-    assert "| dense | loopback: both ranks on one host, no byte crossed a link |" in md
+    assert "| dense | DDP, plain all-reduce of the whole gradient | loopback: both ranks on one host, no byte crossed a link |" in md
     assert "A two-process arm exchanged over loopback" in md
     assert page.count("data:image/png;base64,") == 7 and "src=\"http" not in page
     assert "<table>" in page and "<pre><code>" in page and "**" not in page
