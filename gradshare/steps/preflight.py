@@ -33,7 +33,7 @@ from gradshare.cost.volume import should_compress
 from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import outbox, store, study_runs
-from gradshare.train.driver import Launch, check_launch, free_port, thread_env
+from gradshare.train.launch import Launch, check_launch, free_port, thread_env
 from gradshare.train import failures
 
 ARTIFACT = "preflight.json"

@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,24 +51,12 @@ from gradshare.train import failures, fullstate, heartbeat, result
 from gradshare.train import workdir as workdir_files
 from gradshare.train.env import LINK_ENV, RATE_ENV
 from gradshare.train.fullstate import MANIFEST
-from gradshare.train.launch import launch_problem
+from gradshare.train.launch import Launch, check_launch, launch_command, thread_env
 from gradshare.train.link_check import LINK_REFUSAL
 
 
-# The module each rank runs (named from this package's own, so no module path is spelled out).
-WORKER_MODULE = f"{__package__}.worker"
-
 # Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
 STOP_GRACE_S = 10
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Multi-node settings passed through to `accelerate launch` (one host by default)."""
-    num_machines: int = 1
-    machine_rank: int = 0
-    main_process_ip: str = "127.0.0.1"
-    main_process_port: int = 0  # 0: pick a free port (one host only)
 
 
 def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
@@ -105,41 +92,6 @@ def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
     number or refuses."""
     index = claims.append(prep.info.run_id, "train", arm, own_run_id)
     return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (for rendezvous, servers the tests start)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch) -> list[str]:
-    n = plan.arms.processes(arm)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
-           "--num_machines", str(launch.num_machines), "--mixed_precision", "no",
-           "--dynamo_backend", "no"]
-    if n > 1:
-        # `--cpu` with several processes starts one process; `--multi_gpu` plus
-        # Accelerator(cpu=True) gives real gloo ranks on CPU.
-        port = launch.main_process_port or free_port()
-        cmd += ["--multi_gpu", "--machine_rank", str(launch.machine_rank),
-                "--main_process_ip", launch.main_process_ip, "--main_process_port", str(port)]
-    elif plan.hardware.device == "cpu":
-        cmd += ["--cpu"]
-    threads = plan.hardware.threads_per_process
-    if threads > 0:  # every process of every arm the same: one device means the same in each arm
-        cmd += ["--num_cpu_threads_per_process", str(threads)]
-    elif n == 1 and plan.hardware.device == "cpu":
-        cmd += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
-    return cmd + ["-m", WORKER_MODULE, "--workdir", str(workdir), "--arm", arm,
-                  "--run-id", run_id]
-
-
-def thread_env(plan: Plan) -> dict[str, str]:
-    """Thread-pool sizes for the workers' native libraries (accelerate sets only OMP's)."""
-    n = plan.hardware.threads_per_process
-    return {k: str(n) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")} if n > 0 else {}
 
 
 def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
@@ -410,16 +362,6 @@ def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
         raise Refusal(f"{exc}; nothing was trained, no attempt used") from None
     workdir_files.write_plan(workdir, plan)
     return workdir
-
-
-def check_launch(launch: Launch, full_state_every: int = 0) -> None:
-    """The entry point's launch check (`train.launch.launch_problem`), again inside the run, for
-    any caller that reaches the driver another way."""
-
-    values = {"num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-              "main_process_port": launch.main_process_port, "full_state_every": full_state_every}
-    if problem := launch_problem(values):
-        raise Refusal(problem[1])
 
 
 def link_description(plan: Plan, arm: str, launch: Launch) -> str:
