@@ -22,18 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from gradshare.contract import metrics as M
 from gradshare.contract.errors import Refusal, StudyError
 from gradshare.contract.plan import Plan
-from gradshare.contract.tags import ATTEMPT, PLAN_SHA, PREPARE_RUN, REHEARSAL, RESUMED, RESUMED_FULL_STATE_BYTES
+from gradshare.contract.tags import ATTEMPT, PLAN_SHA, PREPARE_RUN
 from gradshare.cost import limits, measured
 from gradshare.hosts import sockets
-from gradshare.tracking import claims, connection, outbox, store
+from gradshare.tracking import claims, outbox, store
 from gradshare.tracking.outbox import Outbox
 from gradshare.train import env as env_names
 from gradshare.train import failures, result
 from gradshare.train import workdir as workdir_files
-from gradshare.train.env import LINK_ENV, RATE_ENV
+from gradshare.train.arm_record import keep_text, last_update, start_record, weights_hint
 from gradshare.train.launch import Launch, check_launch, launch_command, thread_env
 from gradshare.train.link_check import LINK_REFUSAL
 from gradshare.train.resume import Resume
@@ -116,7 +115,7 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
         stop_all(proc, workdir)
         follow.stop()
         if run_id:  # the run's log, whatever happened
-            _keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
+            keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
     if rc != 0 and _trained_whole(workdir):
         # Every update done and the checkpoint written (rank 0's summary, no rank's reason): a
         # process that died or hung after that (the launcher, a rank killed after the checkpoint,
@@ -131,54 +130,32 @@ def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: La
                             lambda line: print(line, file=sys.stderr, flush=True))
         return
     if stalled is not None:
-        last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
-        raise StudyError(f"{stalled}{last}{_weights_hint(run_id, str(stalled))}") from None
+        last = f"; last completed update {last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
+        raise StudyError(f"{stalled}{last}{weights_hint(run_id, str(stalled))}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
         if reason.startswith(failures.INTERRUPTED_WORDS):  # Ctrl-C reached the ranks (their process group): an interrupt
             if run_id:
-                _keep_text(plan, run_id, details, "failure/details.txt")
+                keep_text(plan, run_id, details, "failure/details.txt")
             raise KeyboardInterrupt(reason)
         if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
             if run_id:
-                _keep_text(plan, run_id, details, "failure/details.txt")
+                keep_text(plan, run_id, details, "failure/details.txt")
             raise Refusal(reason)
         if run_id:
-            _keep_text(plan, run_id, details, "failure/details.txt")
+            keep_text(plan, run_id, details, "failure/details.txt")
             if not reason.startswith(failures.SAYS_WHERE):
-                reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
-            reason += _weights_hint(run_id, reason)
+                reason += f"; last completed update {last_update(run_id)} of {plan.schedule.updates}"
+            reason += weights_hint(run_id, reason)
         print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
               file=sys.stderr, flush=True)
         raise StudyError(reason)
-
-
-def _weights_hint(run_id: str, reason: str) -> str:
-    """Where the arm's trained weights wait in its outbox (the store does not have them yet), the
-    words that end its reason: where they are and the command that delivers them; else nothing."""
-    if not run_id or "gradshare upload" in reason:
-        return ""
-    box = Outbox(run_id, 0)
-    if not result.weights_wait(box):
-        return ""
-    return f"; the trained weights are kept in {box.dir}: `gradshare upload {box.dir}` delivers them"
 
 
 def _trained_whole(workdir: Path) -> bool:
     """Rank 0 wrote the arm's result (every update, the checkpoint and its hash) and no rank a
     reason of its own (a store that refused the checkpoint, a replica mismatch)."""
     return (workdir / workdir_files.SUMMARY).exists() and not failures.rank_reasons(workdir)
-
-
-def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
-    """An artifact of the run, through its outbox (kept there while the server is gone)."""
-    try:
-        box = Outbox(run_id, plan.arms.tracking_grace_s)
-        if box.pending():  # behind records that wait (a lost server, a refused checkpoint): wait too
-            box.hold()
-        box.text(text, artifact_file)
-    except Exception as exc:  # noqa: BLE001 - the arm's own outcome matters more than its log
-        print(f"[gradshare] could not keep {artifact_file}: {connection.one_line(exc)}", file=sys.stderr, flush=True)
 
 
 def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
@@ -190,30 +167,6 @@ def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
         raise Refusal(f"{exc}; nothing was trained, no attempt used") from None
     workdir_files.write_plan(workdir, plan)
     return workdir
-
-
-def link_description(plan: Plan, arm: str, launch: Launch) -> str:
-    """What carried the arm's exchange: the launcher's word (`GRADSHARE_LINK`, set by the
-    study and `scripts/two_hosts.py`) where given, else what the launch shows."""
-
-    if plan.arms.processes(arm) == 1:
-        return "none: one process"
-    if os.environ.get(LINK_ENV):
-        return os.environ[LINK_ENV]
-    if launch.num_machines > 1:
-        return f"network: {launch.num_machines} hosts, main host {launch.main_process_ip}"
-    return "loopback: both ranks on one host, no byte crossed a link"
-
-
-def link_rate(plan: Plan, arm: str, launch: Launch) -> str:
-    """The link's rate in Mbit/s as the projection reads it: a number for an emulated link,
-    `inf` for loopback, `none` for one process, `unknown` for a real network."""
-
-    if plan.arms.processes(arm) == 1:
-        return "none"
-    if os.environ.get(RATE_ENV):
-        return os.environ[RATE_ENV]
-    return "unknown" if launch.num_machines > 1 else "inf"
 
 
 def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_every: int = 0,
@@ -245,7 +198,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
                                        updates_left=plan.schedule.updates - done,
                                        extra_spent=resume.spent_usd if resume else 0.0)
         setting, socket_env, source = arm_sockets(study, plan, arm, launch)
-        _start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
+        start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
         if resume is None:
             mlflow.log_params({"sockets": setting, "sockets_source": source[:250]})
         arm_limits.write(workdir)
@@ -256,39 +209,11 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
             _launch_workers(plan, arm, workdir, run.info.run_id, launch, socket_env)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
             raise KeyboardInterrupt(f"{str(exc) or failures.INTERRUPTED_WORDS}; last completed update "
-                                    f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
+                                    f"{last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         # rank 0 recorded the summary, the checkpoint and the run's end itself (`train.result`)
         return json.loads((workdir / workdir_files.SUMMARY).read_text())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: int, resume: Resume | None,
-                  attempt: int, done: int) -> None:
-    import mlflow
-
-    if plan.rehearsal_note:
-        mlflow.set_tag(REHEARSAL, plan.rehearsal_note)
-        print(f"[gradshare] {plan.rehearsal_note}", flush=True)
-    if resume is None:
-        mlflow.set_tags({ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
-        print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
-        row = plan.arm(arm)  # the arm's row as columns of the runs table: its kind, and PowerSGD's own settings
-        mlflow.log_params({"arm": arm, "kind": row.kind, "processes": row.processes, "device": plan.hardware.device,
-                           **({"powersgd_rank": row.rank, "powersgd_warmup_updates": row.warmup_updates}
-                              if row.has_powersgd else {}),
-                           "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-                           "main_process_ip": launch.main_process_ip, "attempt": attempt,
-                           "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
-                           "link": link_description(plan, arm, launch),
-                           "link_rate_mbit": link_rate(plan, arm, launch), "full_state_every": full_state_every})
-    else:
-        before = run.data.tags.get(RESUMED, "")
-        mlflow.set_tags({RESUMED: f"{before},{done}" if before else str(done),
-                         "mlflow.runName": f"train-{arm}-attempt{attempt}",
-                         RESUMED_FULL_STATE_BYTES: str(resume.manifest["bytes"])})
-        print(f"[gradshare] arm {arm}: attempt {attempt} resumed after update {done} from its full state "
-              f"({resume.manifest['bytes']:,} bytes)", flush=True)
 
 
 def checkpoint_bytes(prep, plan: Plan) -> int:
@@ -319,21 +244,6 @@ def check_disks(prep, plan: Plan, workdir: Path) -> None:
         raise Refusal(f"the disk of the outbox {box_root} has {free:,} bytes free, and the arm's final "
                         f"checkpoint needs {need:,}: free space or point $GRADSHARE_OUTBOX at a larger disk; "
                         f"nothing was trained, no attempt used")
-
-
-def _last_update(run_id: str) -> int:
-    """The arm's last completed update, from the record its step metrics are written to first:
-    the run's outbox journal, where rank 0 appends each update's metrics before anything is sent
-    (the server may not have the last ones yet when a fault ends the arm). The server only where
-    no journal is left (all delivered, on another host)."""
-    box = Outbox(run_id, 0)
-    if (box.dir / outbox.JOURNAL).exists():
-        return box.last_step(M.STEP_S)
-    try:
-        with outbox.fast_fail():
-            return max((m.step for m in connection.client().get_metric_history(run_id, M.STEP_S)), default=0)
-    except Exception:  # noqa: BLE001 - neither answers: nothing is known to be done
-        return 0
 
 
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
