@@ -1,7 +1,7 @@
 """Supervision of an arm's processes on this host: the launcher and the workers it started
 watched until they end (each rank's heartbeat, the link to a peer host, the arm's time limit),
 stopped as a tree when they must be, and gradshare's own lines of their log followed to the
-console. What their end means for the arm is the driver's to say.
+console. What their end means for the arm is `train.outcome`'s to say.
 """
 from __future__ import annotations
 
