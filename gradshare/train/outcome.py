@@ -41,16 +41,13 @@ def settle(plan: Plan, arm: str, workdir: Path, run_id: str, rc: int | None, sta
         raise StudyError(f"{stalled}{last}{weights_hint(run_id, str(stalled))}") from None
     if rc != 0:
         reason, details = failures.explain(workdir, arm, rc)
+        if run_id:  # the whole chain of errors, whichever way the reason ends the arm
+            keep_text(plan, run_id, details, "failure/details.txt")
         if reason.startswith(failures.INTERRUPTED_WORDS):  # Ctrl-C reached the ranks (their process group): an interrupt
-            if run_id:
-                keep_text(plan, run_id, details, "failure/details.txt")
             raise KeyboardInterrupt(reason)
         if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
-            if run_id:
-                keep_text(plan, run_id, details, "failure/details.txt")
             raise Refusal(reason)
         if run_id:
-            keep_text(plan, run_id, details, "failure/details.txt")
             if not reason.startswith(failures.SAYS_WHERE):
                 reason += f"; last completed update {last_update(run_id)} of {plan.schedule.updates}"
             reason += weights_hint(run_id, reason)
