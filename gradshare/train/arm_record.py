@@ -21,6 +21,8 @@ from gradshare.train.resume import Resume
 
 def start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: int, resume: Resume | None,
                  attempt: int, done: int) -> None:
+    """The run's start: for a new attempt its number and name, and the arm's row and launch as
+    params; for a resume the update it continues after and the full state's size, as tags."""
     import mlflow
 
     if plan.rehearsal_note:

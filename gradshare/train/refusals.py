@@ -26,6 +26,8 @@ def check_arm(plan: Plan, arm: str) -> None:
 
 
 def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
+    """Refuse a CUDA arm on a host with fewer GPUs than its share of the arm's processes, naming
+    what it needs and where it could run."""
     need = plan.arms.processes(arm)
     if plan.hardware.device != "cuda":
         return
