@@ -15,8 +15,7 @@ from __future__ import annotations
 from entrypoints.common import parse, study_parser
 from gradshare.steps.preflight import run_preflight
 from gradshare.tracking import study_runs
-from gradshare.train.driver import Launch
-from gradshare.train.launch import launch_problem
+from gradshare.train.launch import Launch, launch_problem
 
 
 def main(argv=None) -> None:

@@ -27,8 +27,7 @@ from __future__ import annotations
 from entrypoints.common import parse, study_parser
 from gradshare.steps import train as T
 from gradshare.tracking import connection
-from gradshare.train.driver import Launch
-from gradshare.train.launch import launch_problem
+from gradshare.train.launch import Launch, launch_problem
 
 
 def main(argv=None) -> None:

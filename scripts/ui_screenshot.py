@@ -126,7 +126,7 @@ def main(argv=None) -> None:
     import mlflow
 
     from gradshare.tracking.server import NO_JOBS
-    from gradshare.train.driver import free_port
+    from gradshare.train.launch import free_port
 
     mlflow.set_tracking_uri(args.backend_store_uri)
     exp = mlflow.get_experiment_by_name(args.study)

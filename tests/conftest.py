@@ -30,7 +30,7 @@ import pytest
 
 from gradshare.contract.plan import PROFILES, load_plan
 from gradshare.tracking.server import NO_JOBS
-from gradshare.train.driver import free_port
+from gradshare.train.launch import free_port
 from gradshare.contract.tags import STEP
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs

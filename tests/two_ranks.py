@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from gradshare.train.driver import free_port
+from gradshare.train.launch import free_port
 
 
 def run_two_ranks(worker, out_dir, world: int, what: str, limit_s: float = 120) -> list:

@@ -38,7 +38,6 @@ from gradshare.cost import measured
 from gradshare.cost.accounting import host_price
 from gradshare.cost.volume import GB, arm_cross_zone_bytes, crosses_zones, exchange_bytes
 from gradshare.model.source import parameter_shapes
-from gradshare.tracking import figures as study_figures
 
 FILE = "limits.json"
 
@@ -233,16 +232,3 @@ def arm_limits(plan, arm: str, known, own_run_id: str | None = None, now: float 
                   spent_before_usd=before, usd_per_s=usd_per_s, cross_usd_per_byte=cross_rate,
                   arm_start_epoch=now, updates=plan.schedule.updates)
 
-
-# --- train/driver.py's calls, by their old names ------------------------------------------------
-# The driver is being split on another branch and is left alone here. Until that lands, its calls
-# read the store through these and compute as above; after it, the driver calls
-# `tracking.figures` and `arm_limits` itself, and these go with their line in tests/unit/test_layers.py.
-
-def before_arm(study: str, prep, plan, arm: str, own_run_id: str | None = None, now: float | None = None,
-               updates_left: int | None = None, extra_spent: float = 0.0) -> Limits:
-    """`arm_limits` on the study's figures, read here (the driver's call)."""
-    return arm_limits(plan, arm, study_figures.read(study, prep, plan), own_run_id, now, updates_left, extra_spent)
-
-
-prepared_shapes = study_figures.prepared_shapes  # the driver's call, read by the reader

@@ -26,7 +26,6 @@ from gradshare.cost.accounting import host_price
 from gradshare.cost.share import compute_share
 from gradshare.cost.volume import GB, WIRE_OVERHEAD, arm_cross_zone_bytes, exchange_bytes, ring_factor
 from gradshare.contract import speed
-from gradshare.tracking import figures as study_figures
 
 
 def summarize(plan, results: dict[str, dict]) -> dict:
@@ -239,8 +238,3 @@ def table(figures: dict) -> str:
     if g["why"]:
         lines.append("No-go: " + "; ".join(g["why"]) + ".")
     return "\n".join(lines) + "\n"
-
-
-# train/driver.py's call by its old name: the driver is being split on another branch and is left
-# alone here; after the split it calls `tracking.figures.preflight`, and this goes (tests/unit/test_layers.py).
-latest = study_figures.preflight

@@ -33,7 +33,7 @@ from gradshare.hosts import probe as probe_mod
 from gradshare.hosts import sockets
 from gradshare.tracking import figures as study_figures
 from gradshare.tracking import outbox, store
-from gradshare.train.driver import Launch, check_launch, free_port, thread_env
+from gradshare.train.launch import Launch, check_launch, free_port, thread_env
 from gradshare.train import failures
 
 def buffers(plan: Plan, shapes: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
@@ -109,7 +109,7 @@ def compute_probe(plan: Plan, shapes: list[tuple[int, ...]]) -> dict:
     return {"model": src if src.startswith("hf:") else plan.model.config, "vocab_size": vocab,
             "docs_per_update": plan.schedule.docs_per_update, "micro_batch_docs": plan.schedule.micro_batch_docs,
             "doc_tokens": plan.data.max_doc_tokens,
-            # as the arms are launched (`driver.launch_command`): a one-process CPU arm gets every core
+            # as the arms are launched (`launch.launch_command`): a one-process CPU arm gets every core
             "threads_alone": threads if threads > 0 else (os.cpu_count() or 1), "threads_rank": threads}
 
 

@@ -15,7 +15,9 @@ from gradshare.contract.errors import Refusal, StudyError
 from gradshare.contract.tags import FAILURE, INTERRUPTED, REFUSAL, RESUMED_RUN, RUN_NAME, STEP, STUDY
 from gradshare.tracking import clock, connection, study_runs
 from gradshare.tracking.orphans import process_tags
-from gradshare.train.driver import Launch, check_resume, run_arm, run_secondary_host
+from gradshare.train.driver import run_arm, run_secondary_host
+from gradshare.train.launch import Launch
+from gradshare.train.resume import check_resume
 
 
 def train_arm(study: str, arm: str, launch: Launch, full_state_every: int, resume_from: str | None) -> None:

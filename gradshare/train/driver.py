@@ -1,498 +1,45 @@
-"""The train step around the worker processes: claim, fetch and verify, launch, record.
+"""The train step for one arm, top to bottom: what would fail for nothing is refused
+(`train.launch`, `train.refusals`), the attempt is claimed (or a stopped one continued,
+`train.resume`), the arm's record started (`train.arm_record`), the workers launched and
+watched (`train.supervise`), and the launch's end made the arm's (`train.outcome`).
 
-Runs inside the arm's MLflow run (see `entrypoints.train`). Refusals come first and
-cost nothing (a machine without the devices, a bad launch): the run is tagged a
-refusal, not an attempt. Then the arm is claimed in the study's ledger
+Runs inside the arm's MLflow run (see `entrypoints.train`). Refusals come first and cost
+nothing: a bad launch, a machine without the devices, train inputs (never the test set) whose
+bytes differ from prepare's manifest, disks that could not keep the result; the run is tagged
+a refusal, not an attempt. Then the arm is claimed in the study's ledger
 (`gradshare.tracking.claims`), which refuses once the study is committed, while another arm
-runs, after the arm finished, or when the plan's `arms.max_attempts` are used up; a
-claim that succeeds is attempt N of the arm (tag `gradshare.attempt`). Only then are
-the train inputs (never the test set) downloaded and checked byte for byte against the
-manifest, the worker processes launched with `accelerate launch` and waited for at most
-the plan's timeout, and the summary, the step-128 checkpoint and its SHA-256 recorded.
+runs, after the arm finished, or when the plan's `arms.max_attempts` are used up; a claim that
+succeeds is attempt N of the arm (tag `gradshare.attempt`). Only then are the deadline and the
+budget checked (`cost.limits`), the worker processes launched with `accelerate launch` and
+watched for at most the plan's timeout; rank 0 records the summary, the checkpoint and its
+SHA-256 itself (`train.result`).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from gradshare.contract import metrics as M
-from gradshare.contract.errors import Refusal, StudyError
+from gradshare.contract.errors import StudyError
 from gradshare.contract.plan import Plan
-from gradshare.contract.tags import (
-    ARM,
-    ATTEMPT,
-    FAILURE,
-    PLAN_SHA,
-    PREPARE_RUN,
-    REFUSAL,
-    REHEARSAL,
-    RESUMED,
-    RESUMED_FULL_STATE_BYTES,
-    STUDY,
-)
-from gradshare.cost import limits, measured
-from gradshare.hosts import silence, sockets
-from gradshare.tracking import claims, connection, outbox, store, study_runs
-from gradshare.tracking.outbox import Outbox
+from gradshare.contract.tags import ATTEMPT, PLAN_SHA, PREPARE_RUN
+from gradshare.cost import limits
+from gradshare.hosts import sockets
+from gradshare.tracking import claims, outbox, store
+from gradshare.tracking import figures as study_figures
 from gradshare.train import env as env_names
-from gradshare.train import failures, fullstate, heartbeat, result
+from gradshare.train import failures
 from gradshare.train import workdir as workdir_files
-from gradshare.train.env import LINK_ENV, RATE_ENV
-from gradshare.train.fullstate import MANIFEST
-from gradshare.train.launch import launch_problem
-from gradshare.train.link_check import LINK_REFUSAL
-
-
-# The module each rank runs (named from this package's own, so no module path is spelled out).
-WORKER_MODULE = f"{__package__}.worker"
-
-# Seconds between asking the arm's processes to stop (SIGTERM) and killing them.
-STOP_GRACE_S = 10
-
-
-@dataclass(frozen=True)
-class Launch:
-    """Multi-node settings passed through to `accelerate launch` (one host by default)."""
-    num_machines: int = 1
-    machine_rank: int = 0
-    main_process_ip: str = "127.0.0.1"
-    main_process_port: int = 0  # 0: pick a free port (one host only)
-
-
-def check_devices(plan: Plan, arm: str, launch: Launch) -> None:
-    need = plan.arms.processes(arm)
-    if plan.hardware.device != "cuda":
-        return
-    import torch  # here, not above: on CPU the driver never loads torch (about 2 s per arm)
-
-    if need % launch.num_machines:
-        raise Refusal(f"arm {arm} needs {need} GPUs, which do not split over "
-                        f"{launch.num_machines} machines")
-    # a rehearsal puts every process of the arm on the one GPU (`hardware.rehearsal`)
-    per_host = 1 if plan.hardware.rehearsal else need // launch.num_machines
-    have = torch.cuda.device_count()
-    if have < per_host:
-        where = "a machine with a CUDA GPU" if per_host == 1 else f"a host with {per_host} CUDA GPUs"
-        hint = f"run it on {where}"
-        if need > 1 and launch.num_machines == 1:
-            hint += (", or on two hosts with one GPU each (-P num_machines=2 -P machine_rank=0|1 "
-                     "-P main_process_ip=HOST on both)")
-        raise Refusal(f"arm {arm} needs {need} CUDA device(s), {per_host} on this host, and this host has "
-                        f"{have}: {hint}; nothing was trained, no attempt used")
-
-
-def check_arm(plan: Plan, arm: str) -> None:
-    """Refuse an arm that is not a row of the study's plan (`arms.rows`), naming its arms."""
-    if arm not in plan.arms.names:
-        raise Refusal(f"arm {arm!r} is not an arm of the study's plan: choose one of {', '.join(plan.arms.names)}")
-
-
-def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
-    """Take the arm's start in the study's ledger (an arm `check_arm` passed); returns the attempt
-    number or refuses."""
-    index = claims.append(prep.info.run_id, "train", arm, own_run_id)
-    return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (for rendezvous, servers the tests start)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_command(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch) -> list[str]:
-    n = plan.arms.processes(arm)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
-           "--num_machines", str(launch.num_machines), "--mixed_precision", "no",
-           "--dynamo_backend", "no"]
-    if n > 1:
-        # `--cpu` with several processes starts one process; `--multi_gpu` plus
-        # Accelerator(cpu=True) gives real gloo ranks on CPU.
-        port = launch.main_process_port or free_port()
-        cmd += ["--multi_gpu", "--machine_rank", str(launch.machine_rank),
-                "--main_process_ip", launch.main_process_ip, "--main_process_port", str(port)]
-    elif plan.hardware.device == "cpu":
-        cmd += ["--cpu"]
-    threads = plan.hardware.threads_per_process
-    if threads > 0:  # every process of every arm the same: one device means the same in each arm
-        cmd += ["--num_cpu_threads_per_process", str(threads)]
-    elif n == 1 and plan.hardware.device == "cpu":
-        cmd += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
-    return cmd + ["-m", WORKER_MODULE, "--workdir", str(workdir), "--arm", arm,
-                  "--run-id", run_id]
-
-
-def thread_env(plan: Plan) -> dict[str, str]:
-    """Thread-pool sizes for the workers' native libraries (accelerate sets only OMP's)."""
-    n = plan.hardware.threads_per_process
-    return {k: str(n) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")} if n > 0 else {}
-
-
-def stop_tree(pid: int, grace_s: float = STOP_GRACE_S) -> None:
-    """End a process and every descendant: SIGTERM, then SIGKILL after `grace_s`.
-
-    The descendants are listed before anything is signalled: torch's elastic launcher
-    starts each rank in a session of its own, so a process-group kill would miss them, and
-    a rank whose launcher has died is re-parented away from this tree.
-    """
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-
-
-def arm_sockets(study: str, plan: Plan, arm: str, launch: Launch) -> tuple[str, dict[str, str], str]:
-    """(the socket setting, its environment for the workers, where it comes from) of a
-    multi-process arm: the plan's `hardware.sockets`, or with `auto` the study's preflight's
-    fastest, else nothing set (`gradshare.hosts.sockets`)."""
-    if plan.arms.processes(arm) == 1:
-        return "-", {}, "one process: no sockets"
-    setting, source = plan.hardware.sockets, "the plan's hardware.sockets"
-    if setting == "auto":
-        figures = measured.latest(study)
-        if figures is None:  # nothing measured: NCCL's own choice (it tunes some clouds' NICs itself)
-            return "default", {}, "no preflight ran: the libraries' defaults"
-        setting, source = figures["best"], f"the fastest of the preflight run {figures['run_id']}"
-    ifname = sockets.interface(plan, launch.main_process_ip)
-    return setting, sockets.env_for(setting, sockets.backend(plan), ifname), source
-
-
-def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch,
-                    extra_env: dict[str, str] | None = None) -> None:
-    cmd = launch_command(plan, arm, workdir, run_id, launch)
-    limit = plan.arms.timeout_s(plan.schedule.updates)
-    print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
-    # The workers' and the launcher's stderr (library warnings, tracebacks, torch elastic's
-    # failure summary) go to a file, the run's log: the console gets gradshare's own lines from
-    # it, and a failure one line (`failures`). A file, not a pipe: the workers outlive this
-    # process if it dies, and must never write into a closed pipe.
-    log_path = workdir / workdir_files.WORKERS_LOG
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
-               **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"},
-               **(extra_env or {}))
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, env=env, stderr=log)
-    follow = _Follower(log_path)
-    stalled = None
-    try:
-        rc = _watch(plan, arm, proc, workdir, limit, launch)
-    except StudyError as exc:  # stalled or timed out: every process stopped; how far the arm got
-        rc, stalled = None, exc
-    finally:  # an interrupt or error in this process must not leave ranks behind, orphans included
-        _stop_all(proc, workdir)
-        follow.stop()
-        if run_id:  # the run's log, whatever happened
-            _keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
-    if rc != 0 and _trained_whole(workdir):
-        # Every update done and the checkpoint written (rank 0's summary, no rank's reason): a
-        # process that died or hung after that (the launcher, a rank killed after the checkpoint,
-        # a rank stuck in the last barrier, rank 0 stopped while it recorded) costs nothing. The
-        # arm is recorded whole, here if need be.
-        how = f"the launcher ended with code {rc}" if stalled is None else f"the arm was stopped ({stalled})"
-        print(f"[gradshare] arm {arm}: {how} after every update and the checkpoint were done: the arm is "
-              f"recorded whole", file=sys.stderr, flush=True)
-        if run_id:
-            summary = json.loads((workdir / workdir_files.SUMMARY).read_text())
-            result.complete(Outbox(run_id, plan.arms.tracking_grace_s), summary,
-                            lambda line: print(line, file=sys.stderr, flush=True))
-        return
-    if stalled is not None:
-        last = f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}" if run_id else ""
-        raise StudyError(f"{stalled}{last}{_weights_hint(run_id, str(stalled))}") from None
-    if rc != 0:
-        reason, details = failures.explain(workdir, arm, rc)
-        if reason.startswith(failures.INTERRUPTED_WORDS):  # Ctrl-C reached the ranks (their process group): an interrupt
-            if run_id:
-                _keep_text(plan, run_id, details, "failure/details.txt")
-            raise KeyboardInterrupt(reason)
-        if reason.startswith((workdir_files.WORKDIR_CHANGED, LINK_REFUSAL)):  # the machine's fault: no attempt used
-            if run_id:
-                _keep_text(plan, run_id, details, "failure/details.txt")
-            raise Refusal(reason)
-        if run_id:
-            _keep_text(plan, run_id, details, "failure/details.txt")
-            if not reason.startswith(failures.SAYS_WHERE):
-                reason += f"; last completed update {_last_update(run_id)} of {plan.schedule.updates}"
-            reason += _weights_hint(run_id, reason)
-        print(f"[gradshare] arm {arm}: the full chain of errors is in the run's failure/details.txt",
-              file=sys.stderr, flush=True)
-        raise StudyError(reason)
-
-
-def _weights_hint(run_id: str, reason: str) -> str:
-    """Where the arm's trained weights wait in its outbox (the store does not have them yet), the
-    words that end its reason: where they are and the command that delivers them; else nothing."""
-    if not run_id or "gradshare upload" in reason:
-        return ""
-    box = Outbox(run_id, 0)
-    if not result.weights_wait(box):
-        return ""
-    return f"; the trained weights are kept in {box.dir}: `gradshare upload {box.dir}` delivers them"
-
-
-WATCH_EVERY_S = 2.0  # how often the launcher, the orphans, the heartbeats and the link are looked at
-# A peer host unheard for this long while data waits for it counts as silent (`hosts.silence`): a
-# flowing exchange is acknowledged within milliseconds, a slow one within a round trip.
-SILENT_AFTER_S = 3.0
-
-
-def peer_name(launch: Launch) -> str:
-    """The other host of a two-host arm, as the README numbers them (by machine rank)."""
-    return f"host {1 - launch.machine_rank}" if launch.num_machines == 2 else "another host"
-
-
-def _watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: float,
-           launch: Launch = Launch()) -> int:
-    """The launcher's exit code, once it and every worker it started have ended. Meanwhile each
-    rank's heartbeat (`heartbeat.stalled`): a rank stopped or hung ends the arm within
-    `arms.stall_s` / `arms.hang_updates` x `arms.expected_update_s`, named; the arm's time limit
-    stays the outer bound. A launcher killed mid-arm leaves its workers running: they are
-    watched the same way until they end, and the arm completes (README, "Faults"). Across hosts,
-    the link too (`hosts.silence`): a peer host silent past `arms.link_silence_s` ends the arm,
-    "no traffic from host N"; one heard again sooner lets it go on, the update bound counting
-    from the link's return."""
-    a = plan.arms
-    deadline = time.monotonic() + limit
-    rc, heard_t, silent_since = None, 0.0, None
-    while True:
-        if rc is None:
-            try:
-                rc = proc.wait(timeout=WATCH_EVERY_S)
-                if rc != 0 and (left := workers(workdir, proc.pid)):
-                    print(f"[gradshare] arm {arm}: the launcher ended with code {rc} while {len(left)} worker(s) "
-                          f"run on: they are watched until they end", file=sys.stderr, flush=True)
-            except subprocess.TimeoutExpired:
-                pass
-        else:
-            time.sleep(WATCH_EVERY_S)
-        running = workers(workdir, proc.pid)
-        if rc is not None and not running:
-            return rc
-        now = time.time()
-        if launch.num_machines > 1:
-            quiet = silence.read({p.pid for p in running})
-            if quiet is not None and quiet.seconds >= SILENT_AFTER_S:
-                heard_t = now
-                if silent_since is None:
-                    silent_since = quiet
-                    print(f"[gradshare] arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
-                          f"{quiet.seconds:.0f} s while data waits for it: the arm waits up to arms.link_silence_s "
-                          f"{a.link_silence_s:g} s for the link", file=sys.stderr, flush=True)
-                if quiet.seconds > a.link_silence_s:
-                    _stop_all(proc, workdir)
-                    raise StudyError(  # whole seconds rounded up: past a bound of 15 s reads 16, never 15
-                        f"no traffic: arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
-                        f"{math.ceil(quiet.seconds)} s while this host's ranks wait on it (arms.link_silence_s "
-                        f"{a.link_silence_s:g}): the link is down or partitioned; every process of the arm "
-                        f"on this host was stopped")
-            elif silent_since is not None:
-                print(f"[gradshare] arm {arm}: {peer_name(launch)} ({silent_since.addr}) is heard again: the arm "
-                      f"goes on", file=sys.stderr, flush=True)
-                silent_since = None
-        why = heartbeat.stalled(heartbeat.read(workdir), now, a.stall_s, a.hang_s(),
-                                a.expected_startup_s + a.hang_s(), heard_t)
-        if why:
-            _stop_all(proc, workdir)
-            raise StudyError(f"stalled: arm {arm}: {why}; every process of the arm was stopped")
-        if time.monotonic() > deadline:
-            _stop_all(proc, workdir)
-            raise StudyError(
-                f"timeout: arm {arm} did not finish within {limit:.0f}s (arms.startup_s {a.startup_s:g} + "
-                f"{plan.schedule.updates} updates x arms.expected_update_s {a.expected_update_s:g} x "
-                f"arms.timeout_margin {a.timeout_margin:g}); every rank was stopped. The hardware is slower "
-                f"than planned: raise arms.expected_update_s at prepare")
-
-
-def workers(workdir: Path, launcher_pid: int) -> list[psutil.Process]:
-    """The arm's worker processes on this host: every process started with this working
-    directory but the launcher (whose own command line names it too)."""
-    mark = f"--workdir {workdir}"
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.pid != launcher_pid and mark in " ".join(p.info["cmdline"] or []) and \
-                    p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-def _stop_all(proc: subprocess.Popen, workdir: Path) -> None:
-    """The launcher and its tree, then any worker that outlived it."""
-    if proc.poll() is None:
-        stop_tree(proc.pid)
-    for p in workers(workdir, proc.pid):
-        stop_tree(p.pid)
-
-
-def _trained_whole(workdir: Path) -> bool:
-    """Rank 0 wrote the arm's result (every update, the checkpoint and its hash) and no rank a
-    reason of its own (a store that refused the checkpoint, a replica mismatch)."""
-    return (workdir / workdir_files.SUMMARY).exists() and not failures.rank_reasons(workdir)
-
-
-def _keep_text(plan: Plan, run_id: str, text: str, artifact_file: str) -> None:
-    """An artifact of the run, through its outbox (kept there while the server is gone)."""
-    try:
-        box = Outbox(run_id, plan.arms.tracking_grace_s)
-        if box.pending():  # behind records that wait (a lost server, a refused checkpoint): wait too
-            box.hold()
-        box.text(text, artifact_file)
-    except Exception as exc:  # noqa: BLE001 - the arm's own outcome matters more than its log
-        print(f"[gradshare] could not keep {artifact_file}: {connection.one_line(exc)}", file=sys.stderr, flush=True)
-
-
-class _Follower:
-    """Copies gradshare's own lines (`[gradshare] ...`) from the workers' log to this process's
-    stderr as they come; the rest stays in the log (and the run's `log/workers.txt`)."""
-
-    def __init__(self, path: Path, every_s: float = 0.5):
-        self.path, self.every_s, self.pos = path, every_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gradshare-log", daemon=True)
-        self._thread.start()
-
-    def _copy(self) -> None:
-        with open(self.path, "rb") as fh:
-            fh.seek(self.pos)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1  # whole lines only
-        self.pos += end
-        for line in data[:end].decode(errors="replace").splitlines():
-            if "[gradshare]" in line:
-                print(line, file=sys.stderr, flush=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self._copy()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._copy()
-
-
-def _verified_workdir(prep, plan: Plan, tmp: Path) -> Path:
-    """The train inputs, every byte checked against prepare's manifest; a mismatch is a refusal
-    (the store's fault, not the method's: the arm keeps its attempt, and trains once fixed)."""
-    try:
-        workdir = store.verified_inputs(prep, plan, tmp, store.TRAIN_INPUTS)
-    except StudyError as exc:
-        raise Refusal(f"{exc}; nothing was trained, no attempt used") from None
-    workdir_files.write_plan(workdir, plan)
-    return workdir
-
-
-def check_launch(launch: Launch, full_state_every: int = 0) -> None:
-    """The entry point's launch check (`train.launch.launch_problem`), again inside the run, for
-    any caller that reaches the driver another way."""
-
-    values = {"num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-              "main_process_port": launch.main_process_port, "full_state_every": full_state_every}
-    if problem := launch_problem(values):
-        raise Refusal(problem[1])
-
-
-def link_description(plan: Plan, arm: str, launch: Launch) -> str:
-    """What carried the arm's exchange: the launcher's word (`GRADSHARE_LINK`, set by the
-    study and `scripts/two_hosts.py`) where given, else what the launch shows."""
-
-    if plan.arms.processes(arm) == 1:
-        return "none: one process"
-    if os.environ.get(LINK_ENV):
-        return os.environ[LINK_ENV]
-    if launch.num_machines > 1:
-        return f"network: {launch.num_machines} hosts, main host {launch.main_process_ip}"
-    return "loopback: both ranks on one host, no byte crossed a link"
-
-
-def link_rate(plan: Plan, arm: str, launch: Launch) -> str:
-    """The link's rate in Mbit/s as the projection reads it: a number for an emulated link,
-    `inf` for loopback, `none` for one process, `unknown` for a real network."""
-
-    if plan.arms.processes(arm) == 1:
-        return "none"
-    if os.environ.get(RATE_ENV):
-        return os.environ[RATE_ENV]
-    return "unknown" if launch.num_machines > 1 else "inf"
-
-
-@dataclass(frozen=True)
-class Resume:
-    """A stopped attempt to continue in its own run, from its last full state (verified)."""
-    run_id: str
-    state_dir: Path
-    manifest: dict
-    spent_usd: float  # what the attempt cost before it stopped (its run is reopened)
-
-
-def latest_full_state(run_id: str) -> str | None:
-    """Artifact path of the run's newest complete full state (`full_state/uNNNNN` with a manifest)."""
-
-    c = connection.client()
-    dirs = sorted((a.path for a in c.list_artifacts(run_id, "full_state") if a.is_dir), reverse=True)
-    for d in dirs:
-        if any(a.path.endswith("/" + MANIFEST) for a in c.list_artifacts(run_id, d)):
-            return d
-    return None
-
-
-def check_resume(study: str, arm: str, run_id: str) -> Resume:
-    """Everything a resume needs, before the stopped run is reopened; a Refusal otherwise."""
-
-    prep, plan = store.prepared_plan(study)
-    try:
-        run = connection.client().get_run(run_id)
-    except Exception:  # noqa: BLE001 - any lookup failure is a run that is not there
-        raise Refusal(f"resume_from={run_id}: no such run") from None
-    if run.data.tags.get(STUDY) != study or run.data.tags.get(ARM) != arm:
-        raise Refusal(f"resume_from={run_id} is not a train run of arm {arm} in study {study!r}")
-    if run.data.tags.get(REFUSAL) == "true":
-        raise Refusal(f"resume_from={run_id} was refused ({run.data.tags.get(FAILURE)}), not an attempt: "
-                        f"nothing to resume")
-    if run.info.status not in ("FAILED", "KILLED"):
-        raise Refusal(f"resume_from={run_id} is {run.info.status}: only a stopped (FAILED or KILLED) arm resumes")
-    index = claims.append(prep.info.run_id, "resume", arm, run_id)
-    claims.decide_resume(claims.entries(prep.info.run_id, before=index), arm, run_id)
-    path = latest_full_state(run_id)
-    if path is None:
-        raise Refusal(f"run {run_id} saved no complete full state (train with -P full_state_every=N): "
-                        f"nothing to resume from")
-    local = study_runs.download(run_id, path, Path(tempfile.mkdtemp(prefix="gradshare-resume-")))
-    try:
-        manifest = fullstate.verify(local, plan.arms.processes(arm))
-    except fullstate.FullStateError as exc:
-        raise Refusal(f"the full state {path} of run {run_id} is refused: {exc}") from None
-    return Resume(run_id, local, manifest, limits.run_spend(plan, run))
+from gradshare.train.arm_record import keep_text, last_update, start_record
+from gradshare.train.launch import Launch, check_launch, launch_command, thread_env
+from gradshare.train.outcome import settle
+from gradshare.train.refusals import check_arm, check_devices, check_disks, verified_workdir
+from gradshare.train.resume import Resume
+from gradshare.train.supervise import Follower, stop_all, watch
 
 
 def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_every: int = 0,
@@ -511,7 +58,7 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
     try:
         # Everything the machine can get wrong is checked before the attempt is claimed: a
         # refusal, not an attempt (the inputs' bytes, the disks the arm writes to).
-        workdir = _verified_workdir(prep, plan, tmp)
+        workdir = verified_workdir(prep, plan, tmp)
         check_disks(prep, plan, workdir)
         if resume is None:
             attempt = claim_arm(prep, plan, arm, run.info.run_id)
@@ -520,11 +67,11 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
             attempt = int(run.data.tags.get(ATTEMPT, "1"))
             done = resume.manifest["update"]
         # the deadline and the bound: a refusal (no attempt) where the arm's projection passes either
-        arm_limits = limits.before_arm(study, prep, plan, arm, own_run_id=run.info.run_id,
+        arm_limits = limits.arm_limits(plan, arm, study_figures.read(study, prep, plan), own_run_id=run.info.run_id,
                                        updates_left=plan.schedule.updates - done,
                                        extra_spent=resume.spent_usd if resume else 0.0)
         setting, socket_env, source = arm_sockets(study, plan, arm, launch)
-        _start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
+        start_record(plan, arm, run, launch, full_state_every, resume, attempt, done)
         if resume is None:
             mlflow.log_params({"sockets": setting, "sockets_source": source[:250]})
         arm_limits.write(workdir)
@@ -535,83 +82,11 @@ def run_arm(study: str, arm: str, run, launch: Launch = Launch(), full_state_eve
             _launch_workers(plan, arm, workdir, run.info.run_id, launch, socket_env)
         except KeyboardInterrupt as exc:  # the workers are stopped by now: say how far the arm got
             raise KeyboardInterrupt(f"{str(exc) or failures.INTERRUPTED_WORDS}; last completed update "
-                                    f"{_last_update(run.info.run_id)} of {plan.schedule.updates}") from None
+                                    f"{last_update(run.info.run_id)} of {plan.schedule.updates}") from None
         # rank 0 recorded the summary, the checkpoint and the run's end itself (`train.result`)
         return json.loads((workdir / workdir_files.SUMMARY).read_text())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _start_record(plan: Plan, arm: str, run, launch: Launch, full_state_every: int, resume: Resume | None,
-                  attempt: int, done: int) -> None:
-    import mlflow
-
-    if plan.rehearsal_note:
-        mlflow.set_tag(REHEARSAL, plan.rehearsal_note)
-        print(f"[gradshare] {plan.rehearsal_note}", flush=True)
-    if resume is None:
-        mlflow.set_tags({ATTEMPT: str(attempt), "mlflow.runName": f"train-{arm}-attempt{attempt}"})
-        print(f"[gradshare] arm {arm}: attempt {attempt} of at most {plan.arms.max_attempts}", flush=True)
-        row = plan.arm(arm)  # the arm's row as columns of the runs table: its kind, and the kind's own settings
-        mlflow.log_params({"arm": arm, "kind": row.kind, "processes": row.processes, "device": plan.hardware.device,
-                           **row.method.run_params(row),
-                           "num_machines": launch.num_machines, "machine_rank": launch.machine_rank,
-                           "main_process_ip": launch.main_process_ip, "attempt": attempt,
-                           "timeout_s": plan.arms.timeout_s(plan.schedule.updates),
-                           "link": link_description(plan, arm, launch),
-                           "link_rate_mbit": link_rate(plan, arm, launch), "full_state_every": full_state_every})
-    else:
-        before = run.data.tags.get(RESUMED, "")
-        mlflow.set_tags({RESUMED: f"{before},{done}" if before else str(done),
-                         "mlflow.runName": f"train-{arm}-attempt{attempt}",
-                         RESUMED_FULL_STATE_BYTES: str(resume.manifest["bytes"])})
-        print(f"[gradshare] arm {arm}: attempt {attempt} resumed after update {done} from its full state "
-              f"({resume.manifest['bytes']:,} bytes)", flush=True)
-
-
-def checkpoint_bytes(prep, plan: Plan) -> int:
-    """What the arm's final checkpoint will take on disk: its FP32 weights, by the parameter
-    shapes prepare recorded (`model_shapes.json`), plus 5% and 64 MiB for the config, the
-    tokenizer and the file system's slack."""
-
-    weights = sum(math.prod(s) for s in limits.prepared_shapes(prep, plan)) * 4
-    return int(weights * 1.05) + 64 * 2**20
-
-
-def check_disks(prep, plan: Plan, workdir: Path) -> None:
-    """A refusal, before the claim, where the arm could not keep its result: the outbox (where
-    rank 0 writes the final checkpoint, `train.result`) or the working directory not writable,
-    or the outbox's disk without room for the checkpoint."""
-    box_root = outbox.root()
-    for where, path in (("the outbox ($GRADSHARE_OUTBOX)", box_root), ("the arm's working directory", workdir)):
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / f".gradshare-write-check-{os.getpid()}"
-            probe.write_bytes(b"x")
-            probe.unlink()
-        except OSError as exc:
-            raise Refusal(f"{where} {path} is not writable ({exc.strerror or exc}): the arm could not keep "
-                            f"its checkpoint; nothing was trained, no attempt used") from None
-    need, free = checkpoint_bytes(prep, plan), shutil.disk_usage(box_root).free
-    if free < need:
-        raise Refusal(f"the disk of the outbox {box_root} has {free:,} bytes free, and the arm's final "
-                        f"checkpoint needs {need:,}: free space or point $GRADSHARE_OUTBOX at a larger disk; "
-                        f"nothing was trained, no attempt used")
-
-
-def _last_update(run_id: str) -> int:
-    """The arm's last completed update, from the record its step metrics are written to first:
-    the run's outbox journal, where rank 0 appends each update's metrics before anything is sent
-    (the server may not have the last ones yet when a fault ends the arm). The server only where
-    no journal is left (all delivered, on another host)."""
-    box = Outbox(run_id, 0)
-    if (box.dir / outbox.JOURNAL).exists():
-        return box.last_step(M.STEP_S)
-    try:
-        with outbox.fast_fail():
-            return max((m.step for m in connection.client().get_metric_history(run_id, M.STEP_S)), default=0)
-    except Exception:  # noqa: BLE001 - neither answers: nothing is known to be done
-        return 0
 
 
 def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
@@ -623,7 +98,59 @@ def run_secondary_host(study: str, arm: str, launch: Launch) -> None:
     check_devices(plan, arm, launch)
     tmp = Path(tempfile.mkdtemp(prefix=f"gradshare-train-{arm}-host{launch.machine_rank}-"))
     try:
-        _launch_workers(plan, arm, _verified_workdir(prep, plan, tmp), "", launch,
+        _launch_workers(plan, arm, verified_workdir(prep, plan, tmp), "", launch,
                         arm_sockets(study, plan, arm, launch)[1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _launch_workers(plan: Plan, arm: str, workdir: Path, run_id: str, launch: Launch,
+                    extra_env: dict[str, str] | None = None) -> None:
+    cmd = launch_command(plan, arm, workdir, run_id, launch)
+    limit = plan.arms.timeout_s(plan.schedule.updates)
+    print(f"[gradshare] launching (time limit {limit:.0f}s):", " ".join(cmd), flush=True)
+    # The workers' and the launcher's stderr (library warnings, tracebacks, torch elastic's
+    # failure summary) go to a file, the run's log: the console gets gradshare's own lines from
+    # it, and a failure one line (`failures`). A file, not a pipe: the workers outlive this
+    # process if it dies, and must never write into a closed pipe.
+    log_path = workdir / workdir_files.WORKERS_LOG
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **thread_env(plan), **{outbox.ENV: str(outbox.root())},
+               **{env_names.DRIVER_PID_ENV: str(os.getpid()), env_names.LAUNCHED_AT_ENV: f"{time.time():.3f}"},
+               **(extra_env or {}))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, stderr=log)
+    follow = Follower(log_path)
+    stalled = None
+    try:
+        rc = watch(plan, arm, proc, workdir, limit, launch)
+    except StudyError as exc:  # stalled or timed out: every process stopped; how far the arm got
+        rc, stalled = None, exc
+    finally:  # an interrupt or error in this process must not leave ranks behind, orphans included
+        stop_all(proc, workdir)
+        follow.stop()
+        if run_id:  # the run's log, whatever happened
+            keep_text(plan, run_id, log_path.read_text(errors="replace"), "log/workers.txt")
+    settle(plan, arm, workdir, run_id, rc, stalled)
+
+
+def claim_arm(prep, plan: Plan, arm: str, own_run_id: str) -> int:
+    """Take the arm's start in the study's ledger (an arm `check_arm` passed); returns the attempt
+    number or refuses."""
+    index = claims.append(prep.info.run_id, "train", arm, own_run_id)
+    return claims.decide_train(claims.entries(prep.info.run_id, before=index), arm, plan.arms.max_attempts)
+
+
+def arm_sockets(study: str, plan: Plan, arm: str, launch: Launch) -> tuple[str, dict[str, str], str]:
+    """(the socket setting, its environment for the workers, where it comes from) of a
+    multi-process arm: the plan's `hardware.sockets`, or with `auto` the study's preflight's
+    fastest, else nothing set (`gradshare.hosts.sockets`)."""
+    if plan.arms.processes(arm) == 1:
+        return "-", {}, "one process: no sockets"
+    setting, source = plan.hardware.sockets, "the plan's hardware.sockets"
+    if setting == "auto":
+        figures = study_figures.preflight(study)
+        if figures is None:  # nothing measured: NCCL's own choice (it tunes some clouds' NICs itself)
+            return "default", {}, "no preflight ran: the libraries' defaults"
+        setting, source = figures["best"], f"the fastest of the preflight run {figures['run_id']}"
+    ifname = sockets.interface(plan, launch.main_process_ip)
+    return setting, sockets.env_for(setting, sockets.backend(plan), ifname), source

@@ -10,7 +10,7 @@ Every rank keeps `heartbeat.rank<N>.json` in the arm's working directory:
                  no update bound fits (`full state`: a save and its upload; `finish`: the
                  replica check, the checkpoint and its upload): there only `alive_t` counts
 
-The train step (`gradshare.train.driver`) reads the files of its host's ranks every few seconds
+The train step (`gradshare.train.supervise`) reads the files of its host's ranks every few seconds
 (`stalled`). A rank whose `alive_t` is older than `arms.stall_s` is stopped (SIGSTOP, a frozen
 host: every thread of it stands still): the arm ends FAILED, "rank N on host H made no progress
 for X s (stopped or hung)". Where every rank is alive but none completed an update for
@@ -18,7 +18,7 @@ for X s (stopped or hung)". Where every rank is alive but none completed an upda
 `arms.expected_startup_s`: compiling, capturing), the rank that progressed least is named the
 same way. A peer on another host that stops shows here as no progress: its host's own train
 step names it. A link that goes silent (`gradshare.hosts.silence`: data waits for the other host,
-nothing comes back) is the driver's to bound (`arms.link_silence_s`); once it is heard again, the
+nothing comes back) is the watch's to bound (`arms.link_silence_s`); once it is heard again, the
 update bound counts from then.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ def stalled(beats: list[Beat], now: float, stall_s: float, hang_s: float, first_
     `hang_s`: seconds an update may take; `first_update_s`: the first one (start-up too);
     `heard_t`: when the arm's link was last silent (`hosts.silence`): an update waiting on a link
     that was down counts from the link's return, not from the last update. The last completed
-    update is not in the reason: the driver adds it once, from the run's own record."""
+    update is not in the reason: `train.outcome` adds it once, from the run's own record."""
     for b in sorted(beats, key=lambda b: b.alive_t):
         if now - b.alive_t > stall_s:
             return (f"rank {b.rank} on host {b.host} made no progress for {now - b.progress_t:.0f} s (stopped or "

@@ -9,7 +9,7 @@ is every rank's (broadcast), so all decide alike. With the arm's own exchange (`
 bytes of every update on the wire), the arm is refused where one update's exchange alone would
 outlast the hang bound (`arms.hang_s`: the arm would end as hung), or all of them the part of the
 arm's time limit given to updates. The reason starts `link:` (`LINK_REFUSAL`): the train step
-makes it a refusal, KILLED, no attempt used (`train.driver`).
+makes it a refusal, KILLED, no attempt used (`train.outcome`).
 
 Only where the arm crosses hosts (its launcher's world larger than one host's ranks): on one
 host nothing is probed.

@@ -17,7 +17,7 @@ import pytest
 
 from gradshare.contract import metrics as M
 from gradshare.tracking import outbox
-from gradshare.train.driver import latest_full_state
+from gradshare.train.resume import latest_full_state
 from gradshare.contract.tags import CKPT_SHA, FAILURE
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs

@@ -21,7 +21,7 @@ from gradshare.contract.tags import ATTEMPT, CKPT_SHA, FAILURE, REFUSAL
 from gradshare.hosts import netns
 from gradshare.steps.emulated import run_arm_across
 from gradshare.tracking import connection, study_runs
-from gradshare.train.driver import WATCH_EVERY_S
+from gradshare.train.supervise import WATCH_EVERY_S
 from tests.conftest import overrides, run_entry
 
 pytestmark = pytest.mark.e2e

@@ -140,12 +140,6 @@ def test_no_import_circle_even_through_imports_inside_functions():
     assert not found, f"import circles: {found}"
 
 
-# train/driver.py calls `limits.before_arm`, `limits.prepared_shapes` and `measured.latest` by their old
-# names; it is being split on another branch and is left alone until that lands. These imports keep
-# those names (each reads through the reader, then computes); after the split the driver calls the
-# reader itself, and they go.
-DRIVER_CALLS = {("gradshare/cost/limits.py", "gradshare.tracking.figures"),
-                ("gradshare/cost/measured.py", "gradshare.tracking.figures")}
 
 
 def cost_reads_of_the_store(root: Path = REPO) -> list[tuple[str, int, str]]:
@@ -170,11 +164,8 @@ def cost_reads_of_the_store(root: Path = REPO) -> list[tuple[str, int, str]]:
 def test_cost_computes_and_reads_no_store():
     """`cost/` takes values and returns values: no module under it imports `gradshare.tracking` or
     mlflow, at its top or inside a function; the study's figures are read by `gradshare.tracking.figures`."""
-    found = cost_reads_of_the_store()
-    bad = [f"{f}:{line} {m}" for f, line, m in found if (f, m) not in DRIVER_CALLS]
+    bad = [f"{f}:{line} {m}" for f, line, m in cost_reads_of_the_store()]
     assert not bad, "cost modules that read the tracking store themselves:\n" + "\n".join(bad)
-    stale = DRIVER_CALLS - {(f, m) for f, _, m in found}
-    assert not stale, f"DRIVER_CALLS names imports cost no longer makes: {sorted(stale)}"
 
 
 def deferred_imports(root: Path = REPO) -> list[tuple[str, int, str]]:

@@ -115,7 +115,7 @@ def test_a_bad_launch_straight_to_the_train_entry_point_is_refused_before_any_ru
 
 
 def test_the_driver_refuses_the_same_launches_for_callers_that_skip_the_entry_point():
-    from gradshare.train.driver import Launch, check_launch
+    from gradshare.train.launch import Launch, check_launch
 
     check_launch(Launch(num_machines=2, machine_rank=1, main_process_port=29500), full_state_every=2)
     for launch, every, said in [

@@ -106,14 +106,14 @@ def test_a_reason_ends_with_the_upload_line_wherever_the_weights_wait_and_only_t
     """The train step's reason for an arm that did not finish (stalled, a rank killed) ends with
     where the weights are and `gradshare upload DIR` where its outbox journal holds the checkpoint
     the store does not have; not where nothing waits, and never twice."""
-    from gradshare.train.driver import _weights_hint
+    from gradshare.train.arm_record import weights_hint
 
     monkeypatch.setenv(outbox.ENV, str(tmp_path))
     waiting = _ended_with_checkpoint(tmp_path, "hint-waiting", 1.0, "f" * 64, deliver=True)
     box = tmp_path / waiting
-    assert _weights_hint(waiting, "stalled: arm dense: ...") == (
+    assert weights_hint(waiting, "stalled: arm dense: ...") == (
         f"; the trained weights are kept in {box}: `gradshare upload {box}` delivers them")
-    assert _weights_hint(waiting, f"... gradshare upload {box} completes the arm") == ""  # said already
+    assert weights_hint(waiting, f"... gradshare upload {box} completes the arm") == ""  # said already
     nothing = _ended_with_checkpoint(tmp_path, "hint-none", 1.0, None, deliver=False)  # written, never journaled
-    assert _weights_hint(nothing, "stalled: arm dense: ...") == ""
-    assert _weights_hint("", "stalled") == ""  # the second host: no run, no outbox
+    assert weights_hint(nothing, "stalled: arm dense: ...") == ""
+    assert weights_hint("", "stalled") == ""  # the second host: no run, no outbox

@@ -89,21 +89,21 @@ def test_a_save_or_the_finish_counts_only_liveness():
 
 
 def test_the_arms_watch_asks_the_heartbeat_with_the_plans_own_bounds(tmp_path, monkeypatch):
-    """`driver._watch` passes the stall bound, the hang bound and the first update's bound (start-up
+    """`supervise.watch` passes the stall bound, the hang bound and the first update's bound (start-up
     included) to `heartbeat.stalled`, on fixed figures: a watch that passed another bound (the
     time limit, stall_s twice) is caught here, not only by an e2e hang."""
     import subprocess
     import sys
 
     from gradshare.contract.plan import load_plan
-    from gradshare.train import driver
+    from gradshare.train import supervise
 
     plan = load_plan("tiny", {"arms.stall_s": "12", "arms.hang_updates": "10", "arms.expected_update_s": "3",
                               "arms.expected_startup_s": "50"})
     asked = []
-    monkeypatch.setattr(driver.heartbeat, "stalled", lambda beats, now, *bounds: asked.append(bounds))
-    monkeypatch.setattr(driver, "WATCH_EVERY_S", 0.05)
+    monkeypatch.setattr(supervise.heartbeat, "stalled", lambda beats, now, *bounds: asked.append(bounds))
+    monkeypatch.setattr(supervise, "WATCH_EVERY_S", 0.05)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
-    assert driver._watch(plan, "dense", proc, tmp_path, limit=60) == 0
+    assert supervise.watch(plan, "dense", proc, tmp_path, limit=60) == 0
     # stall_s, 10 x 3 s, 50 s + 30 s; one host: no link to hear from, the update bound counts from the update
     assert asked and set(asked) == {(12.0, 30.0, 80.0, 0.0)}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gradshare.contract.plan import PlanError, load_plan
-from gradshare.train.driver import Launch, launch_command, thread_env
+from gradshare.train.launch import Launch, launch_command, thread_env
 from tests.conftest import SMALL
 
 ARMS = ("single", "dense", "powersgd")
