@@ -44,13 +44,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gradshare.contract.plan import load_plan  # noqa: E402
 from gradshare.contract.tags import ARM, FAILURE, REFUSAL  # noqa: E402
 from gradshare.tracking import connection, store, study_runs  # noqa: E402
 from gradshare.train.profiling import ENV as PROFILE_ENV  # noqa: E402
 
 STUDY = "rehearsal-one-gpu"
 OVERRIDES = {"hardware.rehearsal": "one-gpu"}
-ARMS = ("single", "dense", "powersgd")
+ARMS = load_plan("full").arms.names  # the study's own arms, in its order: a row added to the plan is rehearsed too
 HARNESS_CONFIG = "single"  # gpu_path.py's configuration of the study's one-GPU arm
 STEADY_FROM = 4  # the median s/update is over updates 4..N, as benchmarks/gpu_path.py takes it
 
