@@ -158,15 +158,21 @@ def test_cost_computes_and_reads_no_store():
     assert not bad, "cost modules that read the tracking store themselves:\n" + "\n".join(bad)
 
 
+def _made_up_tree(root: Path, files: dict[str, str]) -> None:
+    """The project's three top packages under `root`, and `files` (path -> text) in them: a tree
+    for the rules' own tests."""
+    for rel, text in {"gradshare/__init__.py": "", "analysis/__init__.py": "", "entrypoints/__init__.py": "",
+                      **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_the_cost_rule_catches_a_read_of_the_store(tmp_path):
     """The check itself: a made-up cost module that imports the tracking package at its top and
     mlflow inside a function is caught, both lines."""
-    for rel, text in {"gradshare/__init__.py": "", "analysis/__init__.py": "", "entrypoints/__init__.py": "",
-                      "gradshare/cost/__init__.py": "", "gradshare/tracking/__init__.py": "",
-                      "gradshare/tracking/store.py": "",
-                      "gradshare/cost/x.py": "from gradshare.tracking import store\ndef f():\n    import mlflow\n"}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    _made_up_tree(tmp_path, {"gradshare/cost/__init__.py": "", "gradshare/tracking/__init__.py": "",
+                             "gradshare/tracking/store.py": "",
+                             "gradshare/cost/x.py": "from gradshare.tracking import store\ndef f():\n    import mlflow\n"})
     assert cost_reads_of_the_store(tmp_path) == [("gradshare/cost/x.py", 1, "gradshare.tracking.store"),
                                                  ("gradshare/cost/x.py", 3, "mlflow")]
 
@@ -208,12 +214,9 @@ def test_imports_inside_functions_are_heavy_backends_or_allow_listed():
 
 def test_the_rules_catch_a_back_arrow_and_a_circle(tmp_path):
     """The checks themselves: a made-up tree with an upward import and a circle is caught."""
-    for rel, text in {"gradshare/__init__.py": "", "analysis/__init__.py": "", "entrypoints/__init__.py": "",
-                      "gradshare/contract/__init__.py": "", "gradshare/train/__init__.py": "",
-                      "gradshare/contract/plan.py": "def f():\n    from gradshare.train import loop\n",
-                      "gradshare/train/loop.py": "from gradshare.contract import plan\n"}.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    _made_up_tree(tmp_path, {"gradshare/contract/__init__.py": "", "gradshare/train/__init__.py": "",
+                             "gradshare/contract/plan.py": "def f():\n    from gradshare.train import loop\n",
+                             "gradshare/train/loop.py": "from gradshare.contract import plan\n"})
     found = modules(tmp_path)
     global REPO
     here, REPO = REPO, tmp_path
