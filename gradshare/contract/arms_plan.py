@@ -115,8 +115,9 @@ class ArmsPlan:
     (`expected_update_s`; the first also gets `expected_startup_s`) ends the arm as hung."""
 
     link_silence_s: float = 120.0
-    """A two-host arm whose peer host sends nothing for this long while data waits for it (a link
-    down or partitioned; `gradshare.hosts.silence`) ends, "no traffic from host N"; a link that
+    """A two-host arm whose peer host sends nothing for this long while data waits for it, or while
+    the ranks wait on it and it answers no connection (a link down or partitioned;
+    `gradshare.hosts.silence`) ends, "no traffic from host N"; a link that
     returns sooner lets the arm go on, and the update bound counts again from its return. TCP
     retries with backoff: a link down for 30 s is heard again up to ~30 s after it returns."""
 

@@ -18,7 +18,7 @@ for X s (stopped or hung)". Where every rank is alive but none completed an upda
 `arms.expected_startup_s`: compiling, capturing), the rank that progressed least is named the
 same way. A peer on another host that stops shows here as no progress: its host's own train
 step names it. A link that goes silent (`gradshare.hosts.silence`: data waits for the other host,
-nothing comes back) is the watch's to bound (`arms.link_silence_s`); once it is heard again, the
+nothing comes back; or the ranks wait on it and it answers no connection) is the watch's to bound (`arms.link_silence_s`); once it is heard again, the
 update bound counts from then.
 """
 from __future__ import annotations

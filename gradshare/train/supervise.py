@@ -92,14 +92,25 @@ def watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: fl
         if rc is not None and not running:
             return rc
         now = time.time()
+        beats = heartbeat.read(workdir)
+
+        def hung(heard: float) -> str | None:
+            return heartbeat.stalled(beats, now, a.stall_s, a.hang_s(), a.expected_startup_s + a.hang_s(), heard)
+
         if launch.num_machines > 1:
-            quiet = silence.read({p.pid for p in running})
+            pids = {p.pid for p in running}
+            quiet = silence.read(pids)
+            if (quiet is None or quiet.seconds < SILENT_AFTER_S) and (silent_since is not None or hung(heard_t)):
+                # this host's ranks may only wait to receive: nothing of theirs is left unacknowledged,
+                # so a downed link shows only as a peer that answers no connection (asked only here:
+                # while a silence lasts, or before ranks that made no progress are named hung)
+                quiet = silence.unanswered(pids) or quiet
             if quiet is not None and quiet.seconds >= SILENT_AFTER_S:
                 heard_t = now
                 if silent_since is None:
                     silent_since = quiet
                     print(f"[gradshare] arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
-                          f"{quiet.seconds:.0f} s while data waits for it: the arm waits up to arms.link_silence_s "
+                          f"{quiet.seconds:.0f} s while {quiet.waiting}: the arm waits up to arms.link_silence_s "
                           f"{a.link_silence_s:g} s for the link", file=sys.stderr, flush=True)
                 if quiet.seconds > a.link_silence_s:
                     stop_all(proc, workdir)
@@ -112,8 +123,7 @@ def watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: fl
                 print(f"[gradshare] arm {arm}: {peer_name(launch)} ({silent_since.addr}) is heard again: the arm "
                       f"goes on", file=sys.stderr, flush=True)
                 silent_since = None
-        why = heartbeat.stalled(heartbeat.read(workdir), now, a.stall_s, a.hang_s(),
-                                a.expected_startup_s + a.hang_s(), heard_t)
+        why = hung(heard_t)
         if why:
             stop_all(proc, workdir)
             raise StudyError(f"stalled: arm {arm}: {why}; every process of the arm was stopped")

@@ -139,3 +139,71 @@ def test_silence_is_the_most_recent_word_from_a_peer_that_owes_an_answer_on_the_
     assert silence.silent_peer(old, {12}) == silence.Silence("198.18.0.3", 99.0)
     assert silence.kernel_reports_window("6.2.0-1") and silence.kernel_reports_window("6.18.44-fc")
     assert not silence.kernel_reports_window("6.1.55") and not silence.kernel_reports_window("5.15.0-91-generic")
+
+
+IDLE = """\
+0      0      198.18.0.1:33500 198.18.0.2:59495 users:(("pt_main_thread",pid=11,fd=7))
+\t bbr rto:200 lastsnd:29660 lastrcv:32068 lastack:30060 snd_wnd:1530880
+0      0      198.18.0.1:33502 198.18.0.2:29500 users:(("pt_main_thread",pid=11,fd=8))
+\t bbr rto:200 lastsnd:40000 lastrcv:41000 lastack:45000 snd_wnd:1530880
+0      0      127.0.0.1:45818 127.0.0.1:60393 users:(("python",pid=11,fd=4))
+\t bbr rto:200 lastsnd:8 lastrcv:90000 lastack:90000 snd_wnd:65483
+0      700    198.18.0.1:33504 198.18.0.3:40100 users:(("pt_main_thread",pid=11,fd=9))
+\t bbr rto:200 lastsnd:8 lastrcv:7000 lastack:7000 snd_wnd:65483
+0      0      198.18.0.1:33506 198.18.0.4:40100 users:(("other",pid=99,fd=9))
+\t bbr rto:200 lastsnd:8 lastrcv:500000 lastack:500000 snd_wnd:65483
+"""
+
+
+def test_a_peer_owed_nothing_is_asked_on_the_ports_the_ranks_use_and_silent_only_where_it_does_not_answer():
+    conns = silence.parse(IDLE)
+    assert [c.peer_port for c in conns] == [59495, 29500, 60393, 40100, 40100]
+    asked = []
+
+    def nobody(addr, ports):
+        asked.append((addr, ports))
+        return False
+
+    # .2: nothing waits, no answer: silent since its most recent word on either connection (30.06 s);
+    # .3 has data waiting (the queues' to read: `silent_peer`), loopback and another process's never asked
+    unanswered = silence.unanswered_peer(conns, {11}, nobody)
+    assert unanswered == silence.Silence("198.18.0.2", 30.06, "this host's ranks wait for it and it answers no connection")
+    assert asked == [("198.18.0.2", [29500, 59495])]
+    assert silence.unanswered_peer(conns, {11}, lambda addr, ports: True) is None
+    assert silence.unanswered_peer(conns, set(), nobody) is None
+
+
+@needs_hosts
+def test_a_downed_link_leaves_a_waiting_receiver_a_peer_that_answers_no_connection_and_a_live_one_answers():
+    """Host 1's side of a connection from host 0 holds nothing unacknowledged (it only waits to
+    receive): the queues cannot show the link down, a new connection can."""
+    me = {os.getpid()}
+    with netns.two_hosts(rate_mbit=200) as hosts:
+        cli, conn = _pair(hosts)
+        cli.sendall(b"\0" * 1000)
+        conn.recv(1000)
+        time.sleep(0.3)
+        # a peer that is there answers, however long it has been quiet: a hung rank stays the heartbeat's
+        with netns.in_netns(hosts.ns[1]):
+            assert silence.unanswered_peer(_connections(hosts, 1), me) is None
+        with netns.in_netns(hosts.ns[0]):
+            assert silence.unanswered_peer(_connections(hosts, 0), me) is None
+        subprocess.run(hosts.exec(0) + ["ip", "link", "set", netns.IFNAME, "down"], check=True)
+        t_down = time.monotonic()
+        time.sleep(1.0)
+        for side, peer in ((1, 0), (0, 1)):  # no answer from either side: a timeout, no route
+            assert silence.silent_peer(_connections(hosts, side), me) is None  # nothing waits in the queues
+            with netns.in_netns(hosts.ns[side]):
+                gone = silence.unanswered_peer(_connections(hosts, side), me)
+            assert gone is not None and gone.addr == hosts.addr[peer], (side, gone)
+            assert 1.0 <= gone.seconds <= time.monotonic() - t_down + 1.5, (side, gone)
+        subprocess.run(hosts.exec(0) + ["ip", "link", "set", netns.IFNAME, "up"], check=True)
+        deadline = time.monotonic() + 10
+        while True:
+            with netns.in_netns(hosts.ns[1]):
+                if silence.unanswered_peer(_connections(hosts, 1), me) is None:
+                    break
+            assert time.monotonic() < deadline, "host 0 still unanswered 10 s after the link came back"
+            time.sleep(0.2)
+        cli.close()
+        conn.close()

@@ -1,0 +1,97 @@
+"""The watch of a two-host arm tells a downed link from hung ranks on the host whose ranks only
+wait to receive (`supervise.watch` with `silence.unanswered`): nothing of theirs is unacknowledged,
+so the queues show no silence; a peer that answers no connection is the link, and the update bound
+counts from its return; past `arms.link_silence_s` the arm ends "no traffic". The same ranks with a
+peer that answers are named hung, as before. The rank is a real process with a real heartbeat; the
+peer's answers are scripted here (tests/unit/hosts/test_silence.py asks a real downed link)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gradshare.contract.errors import StudyError
+from gradshare.contract.plan import load_plan
+from gradshare.hosts import silence
+from gradshare.train import supervise
+from gradshare.train.launch import Launch
+from tests.conftest import REPO
+
+# one rank: update 3 done at once, then no progress for `wait` seconds (its link down), update 4, exit
+RANK = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from gradshare.train.heartbeat import Heartbeat
+    beat = Heartbeat(Path(sys.argv[sys.argv.index("--workdir") + 1]), 0, every_s=0.2)
+    beat.progress(3)
+    time.sleep(float(sys.argv[1]))
+    beat.progress(4)
+    beat.stop()
+""")
+PEER = "198.18.0.2"
+TWO_HOSTS = Launch(num_machines=2, machine_rank=0)
+
+
+def _plan(**more):
+    # the update bound 2 s (stall_s 2 > 1 x 0.5 s), a link bound of 30 s unless given
+    return load_plan("tiny", {"arms.stall_s": "2", "arms.hang_updates": "1", "arms.expected_update_s": "0.5",
+                              "arms.link_silence_s": "30", **more})
+
+
+def _watch(plan, tmp_path, wait_s: float, unanswered, monkeypatch):
+    monkeypatch.setattr(supervise, "WATCH_EVERY_S", 0.1)
+    monkeypatch.setattr(supervise.silence, "read", lambda pids: None)  # nothing waits in the queues
+    monkeypatch.setattr(supervise.silence, "unanswered", unanswered)
+    proc = subprocess.Popen([sys.executable, "-c", RANK, str(wait_s), "--workdir", str(tmp_path)], cwd=REPO)
+    try:
+        return supervise.watch(plan, "dense", proc, tmp_path, limit=60, launch=TWO_HOSTS)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_peer_that_answers_no_connection_while_the_ranks_wait_is_the_link_and_the_bound_counts_from_its_return(
+        tmp_path, monkeypatch, capfd):
+    t0 = time.monotonic()
+    asked = []
+
+    def unanswered(pids):  # the link is down for the first 2.5 s, then the peer answers again
+        asked.append(time.monotonic() - t0)
+        return silence.Silence(PEER, 3.0 + asked[-1], "this host's ranks wait for it and it answers no connection") \
+            if time.monotonic() - t0 < 2.5 else None
+
+    # no progress for 3 s: past the 2-s update bound, inside it counted from the link's return
+    assert _watch(_plan(), tmp_path, 3.0, unanswered, monkeypatch) == 0
+    err = capfd.readouterr().err
+    assert f"no traffic from host 1 ({PEER}) for " in err
+    assert "while this host's ranks wait for it and it answers no connection: the arm waits up to " \
+           "arms.link_silence_s 30 s" in err
+    assert f"host 1 ({PEER}) is heard again: the arm goes on" in err
+    # asked only once the update bound had passed (2 s), not at every look
+    assert asked and min(asked) >= 1.9, asked
+
+
+def test_the_same_wait_with_a_peer_that_answers_is_named_hung(tmp_path, monkeypatch):
+    asked = []
+    with pytest.raises(StudyError, match=r"^stalled: arm dense: rank 0 on host .* made no progress for \d+ s"):
+        _watch(_plan(), tmp_path, 8.0, lambda pids: asked.append(pids), monkeypatch)
+    assert asked  # the peer was asked before the ranks were named
+
+
+def test_a_peer_unanswered_past_the_link_bound_ends_the_arm_with_no_traffic(tmp_path, monkeypatch):
+    t0 = time.monotonic()
+
+    def unanswered(pids):
+        return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it answers "
+                                                                  "no connection")
+
+    with pytest.raises(StudyError) as failed:
+        _watch(_plan(**{"arms.link_silence_s": "6"}), tmp_path, 30.0, unanswered, monkeypatch)
+    reason = str(failed.value)
+    assert reason.startswith(f"no traffic: arm dense: no traffic from host 1 ({PEER}) for "), reason
+    silent_s = int(reason.split(" for ", 1)[1].split(" s ", 1)[0])
+    assert 6 < silent_s <= 8, reason  # named within a few looks of the bound, not at the time limit
+    assert "(arms.link_silence_s 6)" in reason
