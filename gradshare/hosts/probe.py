@@ -33,6 +33,7 @@ import os
 import shutil
 import socket
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -304,6 +305,13 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
     run(Path(ap.parse_args(argv).workdir))
+    # The result is on disk and the group destroyed: leave without the interpreter's teardown,
+    # where torch's and gloo's threads can still abort a finished probe (both ranks SIGABRT,
+    # "terminate called without an active exception", 30 s into the preflight's first setting in
+    # CI at 09dcc45), failing a preflight whose measurement was whole.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
