@@ -263,13 +263,15 @@ def test_a_world_one_powersgd_run_exchanges_once_per_update(tmp_path):
     from gradshare.model.source import model_config
     from gradshare.train.loop import TrainJob, train
 
-    updates = 3
+    # two micro-batches of 16 documents cut at 64 tokens: their count, not their size, is what matters
+    updates, tokens = 3, 64
     docs = documents(updates * DOCS_PER_UPDATE, 7)
     train_bpe([d["target"] for d in docs], 512, tmp_path / "tok")
     tok = load_tokenizer(tmp_path / "tok")
-    plan = bench_plan("tiny", {}, updates)  # warm-up 2: the third update is compressed
+    plan = bench_plan("tiny", {"data.max_doc_tokens": str(tokens), "schedule.micro_batch_docs": "16"}, updates)  # warm-up 2: the third is compressed
+    assert DOCS_PER_UPDATE // plan.schedule.micro_batch_docs > 1  # several micro-batches an update
     by_id = {d["id"]: d for d in docs}
-    schedule = schedule_for(tok, by_id, updates, plan.study.seed)
+    schedule = schedule_for(tok, by_id, updates, plan.study.seed, max_tokens=tokens)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         model = build_model(model_config(plan.model.config, len(tok)), plan.study.seed)
