@@ -209,7 +209,10 @@ def study_run(study: str, step: str, plan_sha: str = "", arm: str | None = None,
         word = "FAILED" if status == "FAILED" else "refused" if REFUSAL in end_tags else "interrupted"
         said = f"[gradshare] {step}{f' {arm}' if arm else ''} {word}: {reason}"
         print(said, file=sys.stderr, flush=True)
-        if not isinstance(exc, StudyError) and not lost:  # a user's error or a lost server needs none
+        # a user's error, a lost server or a stop from outside needs none: its line says it all (an
+        # interrupted step's traceback is where a signal happened to land, and writing it once
+        # failed while the stop was under way, printing it as though something had gone wrong)
+        if not isinstance(exc, (StudyError, KeyboardInterrupt)) and not lost:
             texts[TRACEBACK] = traceback.format_exc()
         raise SystemExit(1) from None
     finally:

@@ -9,7 +9,7 @@ import mlflow
 import pytest
 
 from tests.conftest import REPO, experiment_id, run_entry
-from gradshare.contract.tags import FAILURE, REFUSAL
+from gradshare.contract.tags import FAILURE, INTERRUPTED, REFUSAL
 from gradshare.tracking import connection
 from gradshare.tracking import study_runs
 
@@ -46,6 +46,22 @@ def _step_that_raises(study: str, raised: str) -> subprocess.CompletedProcess:
             f"with study_runs.study_run({study!r}, 'analyze', run_name='analyze'):\n"
             f"    raise {raised}\n")
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_step_stopped_from_outside_says_so_in_one_line_and_leaves_no_traceback(mlflow_server, tmp_path):
+    """An interruption (SIGTERM, Ctrl-C: `Interrupted`, a KeyboardInterrupt) is not an unexpected
+    error: one line with how far the step got, its run KILLED `interrupted`, no traceback printed
+    or stored (writing one once failed mid-stop and printed it: test_faults_round4's case 4)."""
+    study = "first-day-stopped"
+    experiment_id(study)
+    proc = _step_that_raises(study, "KeyboardInterrupt('stopped by signal SIGTERM; last completed update 4 of 8')")
+    assert proc.returncode == 1
+    assert _lines(proc.stderr) == ["[gradshare] analyze interrupted: interrupted: stopped by signal SIGTERM; last "
+                                   "completed update 4 of 8"], proc.stderr
+    assert "Traceback" not in proc.stderr
+    [run] = study_runs.search(study, "analyze")
+    assert run.info.status == "KILLED" and run.data.tags[INTERRUPTED] == "true" and REFUSAL not in run.data.tags
+    assert not [a for a in connection.client().list_artifacts(run.info.run_id, "failure")]
 
 
 def test_an_unexpected_error_prints_its_reason_first_and_leaves_its_traceback_on_the_run(mlflow_server, tmp_path):
