@@ -41,7 +41,7 @@ def one_arm(arm: str, profile: str, tokenizer, docs, device, root: Path, control
     extra = {"hardware.compile": "false",  # what is measured is the state, not the update speed
              "hardware.deterministic": "true"}  # so that "resumed = straight" can be asked bit for bit
     plan = W.bench_plan(profile, extra, UPDATES)
-    set_determinism(plan.hardware.deterministic)
+    set_determinism(plan.hardware.deterministic, compiles=plan.hardware.compile)
     docs = {d["id"]: d for d in docs[:UPDATES * W.DOCS_PER_UPDATE]}
     schedule = W.schedule_for(tokenizer, docs, UPDATES, plan.study.seed)
     cfg = model_config(plan.model.config) if profile == "full" else model_config(plan.model.config, len(tokenizer))

@@ -193,7 +193,7 @@ def bench_loop(name: str, workdir: Path, updates: int, device, out_dir: Path | N
 
     workload, arm, extra = CONFIGS[name]
     plan = _plan(extra, smoke)
-    set_determinism(plan.hardware.deterministic)
+    set_determinism(plan.hardware.deterministic, compiles=plan.hardware.compile)
     fraction = cap_device_memory(plan.hardware.max_device_gib, device)  # the worker's own cap
     docs, tokenizer, schedule = workloads.load(workload, workdir, updates)
     model = _model(plan, tokenizer, device)

@@ -48,7 +48,7 @@ def build_inputs(plan: Plan, out: str | Path, log=print) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     seed, d = plan.study.seed, plan.data
-    set_determinism(plan.hardware.deterministic)
+    set_determinism(plan.hardware.deterministic, compiles=False)  # prepare compiles nothing
     t0 = time.perf_counter()
 
     train_cases, test_cases = generate_splits(d.families, d.train_per_family, d.test_per_family, seed)

@@ -118,7 +118,7 @@ def _set_up(workdir: Path, arm: str, run_id: str | None) -> _Rank:
     expected = plan.arms.processes(arm)
     if world != expected:
         raise RuntimeError(f"arm {arm} needs {expected} processes, launched with {world}")
-    set_determinism(plan.hardware.deterministic)
+    set_determinism(plan.hardware.deterministic, compiles=plan.hardware.compile)
     # Before the model exists: an arm that would not fit the study's card fails here too.
     cap_device_memory(plan.hardware.max_device_gib, device)
     return _Rank(workdir=workdir, arm=arm, plan=plan, rank=rank, world=world, device=device,

@@ -77,34 +77,49 @@ def checkpoint_sha256(directory: str | Path) -> str:
     JSON, the dtype as safetensors writes it: F32, BF16, ...) and a newline, then the tensor's
     raw bytes as stored (little-endian). config.json, generation_config.json and the tokenizer
     files embed the version of the library that wrote them, so they are not part of it: the
-    same weights saved by another transformers hash the same. One tensor is read at a time.
+    same weights saved by another transformers hash the same.
+
+    The safetensors library checks each file (its header, and that the tensors' byte ranges
+    cover the data exactly); the bytes are then read from the file as stored, a chunk at a time,
+    with no tensor made: torch is not imported (about 2 CPU-s in the train step's launcher,
+    which hashes the weights it uploads) and no tensor is held in memory.
     """
-    import torch  # heavy: only the steps that read checkpoints (train, score) pay for it
     from safetensors import SafetensorError, safe_open
 
+    where = {}  # tensor name -> (shard, first byte in the file, byte count, dtype, shape)
+    for f in checkpoint_weight_files(directory):
+        try:
+            with safe_open(str(f), framework="numpy") as st:  # validates the header against the file
+                names = list(st.keys())
+        except SafetensorError as exc:
+            raise CheckpointError(f"{f} is not a readable safetensors file ({exc})") from None
+        with open(f, "rb") as fh:
+            header_bytes = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(header_bytes))
+        for name in names:
+            if name in where:
+                raise CheckpointError(f"tensor {name!r} is in more than one shard of {directory}: "
+                                      f"the checkpoint's shards overlap")
+            begin, end = header[name]["data_offsets"]
+            where[name] = (f, 8 + header_bytes + begin, end - begin, header[name]["dtype"], header[name]["shape"])
+    h = hashlib.sha256()
     with contextlib.ExitStack() as stack:
-        where = {}  # tensor name -> the open shard that holds it
-        for f in checkpoint_weight_files(directory):
-            try:
-                st = stack.enter_context(safe_open(str(f), framework="pt"))
-            except SafetensorError as exc:
-                raise CheckpointError(f"{f} is not a readable safetensors file ({exc})") from None
-            for name in st.keys():
-                if name in where:
-                    raise CheckpointError(f"tensor {name!r} is in more than one shard of {directory}: "
-                                          f"the checkpoint's shards overlap")
-                where[name] = (f, st)
-        h = hashlib.sha256()
+        opened = {}
         for name in sorted(where):
-            f, st = where[name]
-            try:
-                raw = st.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy()
-                sl = st.get_slice(name)
-            except SafetensorError as exc:
-                raise CheckpointError(f"tensor {name!r} of {f} cannot be read ({exc})") from None
-            h.update(json.dumps([name, sl.get_dtype(), list(sl.get_shape()), raw.nbytes],
-                                separators=(",", ":")).encode("utf-8") + b"\n")
-            h.update(memoryview(raw))
+            f, first, nbytes, dtype, shape = where[name]
+            if f not in opened:
+                opened[f] = stack.enter_context(open(f, "rb"))
+            fh = opened[f]
+            h.update(json.dumps([name, dtype, list(shape), nbytes], separators=(",", ":")).encode("utf-8") + b"\n")
+            fh.seek(first)
+            left = nbytes
+            while left:
+                chunk = fh.read(min(CHUNK, left))
+                if not chunk:
+                    raise CheckpointError(f"tensor {name!r} of {f} cannot be read: the file ends "
+                                          f"{left} bytes short of it")
+                h.update(chunk)
+                left -= len(chunk)
     return h.hexdigest()
 
 

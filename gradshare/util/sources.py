@@ -39,9 +39,20 @@ def numerical_sources(seed: int) -> dict:
     return out
 
 
-def set_determinism(enabled: bool) -> None:
+def set_determinism(enabled: bool, compiles: bool) -> None:
+    """Deterministic algorithms on or off (a warning, not an error, where an op has none).
+
+    `compiles`: whether this process runs `torch.compile`. PyTorch's switch
+    (`torch.use_deterministic_algorithms`) also sets Inductor's own `deterministic` flag, and
+    so imports `torch._inductor`: about 2 CPU-s in every process that calls it (each rank of
+    each arm, each prepare), for a flag that only compiled code reads. A process that compiles
+    nothing sets the same switch of the eager ops alone (the one `use_deterministic_algorithms`
+    sets beside Inductor's)."""
     import torch
 
-    torch.use_deterministic_algorithms(enabled, warn_only=True)
+    if compiles:
+        torch.use_deterministic_algorithms(enabled, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(enabled, warn_only=True)
     torch.backends.cudnn.benchmark = not enabled
     torch.backends.cudnn.deterministic = enabled

@@ -7,6 +7,8 @@ import hashlib
 import json
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,6 +83,38 @@ def test_the_hash_is_the_weights_content_computed_from_the_file_format(tmp_path)
     sharded = checkpoint(tmp_path / "sharded", shards=2)
     assert checkpoint_sha256(sharded) == by_hand(*sorted(sharded.glob("model-*.safetensors")))
     assert checkpoint_sha256(sharded) == checkpoint_sha256(one)  # identity is content, not layout
+
+
+def through_torch(*files: Path) -> str:
+    """The same hash from the tensors as torch reads them (safetensors' torch API): the bytes the
+    hash reads from the file are the tensors' own."""
+    from safetensors import safe_open
+
+    tensors = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                sl = st.get_slice(name)
+                tensors[name] = (sl.get_dtype(), sl.get_shape(),
+                                 st.get_tensor(name).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        dtype, shape, data = tensors[name]
+        h.update(json.dumps([name, dtype, list(shape), len(data)], separators=(",", ":")).encode() + b"\n")
+        h.update(data)
+    return h.hexdigest()
+
+
+def test_the_hash_equals_the_tensors_as_torch_reads_them_and_imports_no_torch(tmp_path):
+    one, sharded = checkpoint(tmp_path / "one"), checkpoint(tmp_path / "sharded", shards=2)
+    assert checkpoint_sha256(one) == through_torch(one / "model.safetensors")
+    assert checkpoint_sha256(sharded) == through_torch(*sorted(sharded.glob("model-*.safetensors")))
+    # a process that only hashes (the train step's launcher) does not pay for importing torch
+    code = ("import sys; from gradshare.util.hashing import checkpoint_sha256; "
+            f"print(checkpoint_sha256({str(sharded)!r}), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [checkpoint_sha256(one), "False"]
 
 
 def changed(what: str) -> dict:
