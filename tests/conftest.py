@@ -189,6 +189,23 @@ def store_outside_the_checkout(tmp_path_factory):
     os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kept_results_of_this_run(tmp_path_factory):
+    """The kept results (`gradshare.util.kept`: the full profile's workload and shapes) of every
+    step the suite runs go to one folder of this run, shared by its workers, never the user's
+    ~/.cache: a run computes each once, and no earlier run's file is read."""
+    from gradshare.util import kept
+
+    if os.environ.get(kept.ENV):
+        yield
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    os.environ[kept.ENV] = str((base.parent if worker else base) / "kept-results")
+    yield
+    os.environ.pop(kept.ENV, None)
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real tracking server over HTTP; yields its URI and where it keeps artifacts."""

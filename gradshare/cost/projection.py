@@ -30,9 +30,7 @@ re-projected from its runs, is `gradshare.cost.link`.
 """
 from __future__ import annotations
 
-import json
 import math
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,8 +44,7 @@ from gradshare.cost.volume import (
     exchange_bytes,
     wire_bytes_per_rank,
 )
-from gradshare.inputs import workload
-from gradshare.inputs.build import build_inputs
+from gradshare.inputs.build import workload_of
 from gradshare.inputs.workload import scaled
 from gradshare.model.source import parameter_shapes
 
@@ -311,11 +308,10 @@ def full_shape(plan):
 
 def full_profile_workload(log=print) -> tuple[object, dict]:
     """The full profile's plan and workload, its inputs built here with prepare's own code (seconds:
-    tasks, conversations, tokenizer, schedule; no model, no MLflow)."""
+    tasks, conversations, tokenizer, schedule; no model, no MLflow), or kept from an earlier build
+    of the same plan by the same code (`gradshare.util.kept`)."""
     plan = load_plan("full", {})
-    with tempfile.TemporaryDirectory(prefix="gradshare-workload-") as tmp:
-        build_inputs(plan, Path(tmp) / "inputs", log=lambda *a: None)
-        record = json.loads((Path(tmp) / "inputs" / workload.WORKLOAD).read_text())
+    record = workload_of(plan, log=log)
     log(f"[gradshare] the full profile's inputs, built here by prepare's code: a median of "
         f"{record['median']['input_tokens']:,.0f} input tokens per update")
     return plan, record

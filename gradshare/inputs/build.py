@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from gradshare.model.source import model_config
 from gradshare.util.hashing import file_entries, tree_sha256
 from gradshare.util.hashing import file_entries as entries
 from gradshare.util.jsonio import write_json, write_jsonl
+from gradshare.util.kept import kept
 from gradshare.util.sources import numerical_sources, set_determinism
 
 
@@ -140,3 +142,15 @@ def _seed_model(plan: Plan, tokenizer, pretrain_docs, probes, out: Path, log) ->
         return {"kind": "random-init", "config": m.config, "seed": seed,
                 "warning": "randomly initialised weights: throughput work only, not a quality verdict"}
     raise ValueError(f"model.source={m.source!r} is not tiny, hf:/dir or random-qwen3-1.7b")
+
+
+def workload_of(plan: Plan, log=print) -> dict:
+    """`plan`'s workload record as prepare writes it (`inputs/workload.json`), its inputs built
+    here in a temporary folder by this module's own code; kept after the first build for the same
+    plan, code and tokenizer libraries (`gradshare.util.kept`)."""
+    def build() -> dict:
+        with tempfile.TemporaryDirectory(prefix="gradshare-workload-") as tmp:
+            build_inputs(plan, Path(tmp) / "inputs", log=lambda *a: None)
+            return json.loads((Path(tmp) / "inputs" / WORKLOAD).read_text())
+
+    return kept("workload", {"plan_sha256": plan.sha256()}, build, libraries=("tokenizers", "transformers"), log=log)

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from gradshare.contract.plan import PlanError
+from gradshare.util.hashing import sha256_file
+from gradshare.util.kept import kept
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -31,14 +33,22 @@ MODEL_SHAPES = "model_shapes.json"  # prepare's record of parameter_shapes(plan)
 
 
 def parameter_shapes(plan) -> list[tuple[int, ...]]:
-    """The plan's model's trainable parameter shapes, from its config on the meta device
-    (no weights are made)."""
-    import torch  # deferred: the launcher and the light steps read recorded shapes, never these
-    from transformers import Qwen3ForCausalLM
+    """The plan's model's trainable parameter shapes, from its config on the meta device (no
+    weights are made); kept after the first time for the same config file, vocabulary, code and
+    torch and transformers versions (`gradshare.util.kept`): loading them costs about 6 CPU-s, in
+    every `analyze` of a study that projects the full model."""
+    def compute() -> list[list[int]]:
+        import torch  # deferred: the launcher and the light steps read recorded shapes, never these
+        from transformers import Qwen3ForCausalLM
 
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(model_config(plan.model.config, plan.model.vocab_size))
-    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(model_config(plan.model.config, plan.model.vocab_size))
+        return [list(p.shape) for p in model.parameters() if p.requires_grad]
+
+    config = CONFIG_DIR / plan.model.config
+    key = {"config": plan.model.config, "config_sha256": sha256_file(config) if config.exists() else None,
+           "vocab_size": plan.model.vocab_size}
+    return [tuple(s) for s in kept("shapes", key, compute, libraries=("torch", "transformers"), log=lambda *a: None)]
 
 
 # The forms `model.source` may take; every refusal of `check_model_source` ends with them.
