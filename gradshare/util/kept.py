@@ -18,12 +18,13 @@ cannot be read, is computed past (the result is the same), never an error.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from gradshare.util.sources import package_version
 
 ENV = "GRADSHARE_CACHE"
 PACKAGE = Path(__file__).resolve().parents[1]  # gradshare/
@@ -47,16 +48,9 @@ def code_sha256() -> str:
     return h.hexdigest()
 
 
-def _version(pkg: str) -> str | None:
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return None
-
-
 def full_key(key: dict, libraries: tuple[str, ...] = ()) -> dict:
     """The caller's key, with the code's hash and the libraries' versions."""
-    return {**key, "code_sha256": code_sha256(), "libraries": {pkg: _version(pkg) for pkg in libraries}}
+    return {**key, "code_sha256": code_sha256(), "libraries": {pkg: package_version(pkg) for pkg in libraries}}
 
 
 def read(path: Path, key: dict) -> Any | None:

@@ -5,7 +5,8 @@ import importlib.metadata as md
 import platform
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
+    """An installed distribution's version, None where it is not installed."""
     try:
         return md.version(pkg)
     except md.PackageNotFoundError:
@@ -20,7 +21,7 @@ def numerical_sources(seed: int) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "machine": platform.machine(),
-        "packages": {p: _version(p) for p in ("torch", "transformers", "accelerate", "tokenizers",
+        "packages": {p: package_version(p) for p in ("torch", "transformers", "accelerate", "tokenizers",
                                               "safetensors", "mlflow", "numpy", "chitchat-dataset")},
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
