@@ -36,17 +36,21 @@ from tests.two_ranks import run_two_ranks
 SEED = 20261204
 UPDATES = 4
 WIDTH = 64  # data.max_doc_tokens: conversations are cut here, tasks are 10-30 tokens
-SMALL = {"schedule.updates": str(UPDATES), "data.train_per_family": "24", "data.replay_docs": "32",
+# 8 documents an update (24 tasks, 8 conversations): two micro-batches of 4 on each of two ranks,
+# several packed rows; every property below holds at any size, and 32 cost four times the CPU
+PER_FAMILY, CONVERSATIONS, DOCS_PER_UPDATE = 6, 8, 8
+SMALL = {"schedule.updates": str(UPDATES), "data.train_per_family": str(PER_FAMILY),
+         "data.replay_docs": str(CONVERSATIONS), "schedule.docs_per_update": str(DOCS_PER_UPDATE),
          "powersgd.warmup_updates": "2", "data.max_doc_tokens": str(WIDTH), "optim.warmup_updates": "1"}
 PACKED = {"schedule.micro_batch_tokens": str(4 * WIDTH), "hardware.cuda_graphs": "true"}
 
 
 def _inputs(root):
-    """A small study's training documents (96 tasks, 32 real conversations), its tokenizer and
+    """A small study's training documents (24 tasks, 8 real conversations), its tokenizer and
     schedule, written under `root` once and read back by every process."""
     tok_dir = root / "tokenizer"
-    train, _ = generate_splits(FAMILIES, 24, 1, SEED)
-    convs = load_conversations("chitchat")[:32]
+    train, _ = generate_splits(FAMILIES, PER_FAMILY, 1, SEED)
+    convs = load_conversations("chitchat")[:CONVERSATIONS]
     docs = [task_document(c) for c in train] + [
         conversation_document({"id": f"conv/{k:03d}", "text": render_conversation(c)}, "replay")
         for k, c in enumerate(convs)]
@@ -54,7 +58,7 @@ def _inputs(root):
         train_bpe([d["prompt"] + d["target"] for d in docs], 512, tok_dir)
     tok = load_tokenizer(tok_dir)
     by_id = {d["id"]: d for d in docs}
-    updates = build_schedule(sorted(by_id), UPDATES, 32, SEED)
+    updates = build_schedule(sorted(by_id), UPDATES, DOCS_PER_UPDATE, SEED)
     schedule = {"updates": updates, "max_doc_tokens": WIDTH, "update_sha256": [update_sha256(u) for u in updates],
                 "target_tokens": [sum(target_tokens(tok, by_id[i], WIDTH) for i in u) for u in updates]}
     return by_id, tok, schedule
