@@ -33,6 +33,9 @@ REASON = netns.unavailable()
 needs_hosts = pytest.mark.skipif(REASON is not None, reason=f"no emulated hosts here: {REASON}")
 
 RATE_MBIT = 22.0  # the tiny profile's link
+# the small plan with a seed pre-trained one step, not twelve: no test here reads the seed's
+# quality, and each step is about 0.6 CPU-s of every prepare
+PLAN = {"model.pretrain_steps": "1"}
 
 
 def _left(study: str) -> list:
@@ -53,7 +56,7 @@ def test_case1_a_rank_killed_on_host_1_after_the_checkpoint_leaves_the_arm_finis
     the outbox where the weights waited), its one attempt, and the store's checkpoint hashes to
     what rank 0 recorded of the outbox copy. No upload ever removes weights the store lacks."""
     study = "round4-kill-after-ckpt"
-    run_entry("prepare", "--study", study, *overrides())
+    run_entry("prepare", "--study", study, *overrides(PLAN))
     box_root = tmp_path / "outbox"
     monkeypatch.setenv("GRADSHARE_OUTBOX", str(box_root))
     monkeypatch.setenv("GRADSHARE_INJECT_KILL_AFTER_CHECKPOINT", "1")
@@ -160,7 +163,7 @@ def test_case3_a_1_mbit_link_refuses_the_two_host_arm_before_any_update_naming_t
     from gradshare.tracking import claims, store
 
     study = "round4-slow-link"
-    run_entry("prepare", "--study", study, *overrides())
+    run_entry("prepare", "--study", study, *overrides(PLAN))
     t0 = time.monotonic()
     assert not run_arm_across(study, "dense", 1.0, timeout_s=600)
     took = time.monotonic() - t0
@@ -192,7 +195,7 @@ def test_case6_a_commit_killed_holding_its_commitment_is_void_and_the_next_commi
     from gradshare.tracking import store
 
     study = "round4-void-commit"
-    run_entry("prepare", "--study", study, *overrides())
+    run_entry("prepare", "--study", study, *overrides(PLAN))
     killed = run_entry("commit", "--study", study, env={"GRADSHARE_INJECT_KILL_AFTER_COMMITMENT": "1"}, check=False)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     [first] = study_runs.search(study, "commit")
@@ -231,7 +234,7 @@ def test_case5_a_disk_that_fills_during_prepare_is_one_line_naming_it_and_prepar
     _tmpfs(scratch, "3m")
     try:
         study = "round4-disk-full"
-        proc = run_entry("prepare", "--study", study, *overrides(), env={"TMPDIR": str(scratch)}, check=False)
+        proc = run_entry("prepare", "--study", study, *overrides(PLAN), env={"TMPDIR": str(scratch)}, check=False)
         assert proc.returncode != 0
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         said = [line for line in proc.stderr.splitlines() if line.startswith("[gradshare] prepare FAILED: ")]
@@ -262,7 +265,7 @@ def test_case5_a_store_that_fills_during_prepare_is_one_line_and_keeps_no_partia
         server = MlflowServer(tmp_path / "server").start()
         env = {"MLFLOW_TRACKING_URI": server.uri}
         study = "round4-store-full"
-        proc = run_entry("prepare", "--study", study, *overrides(), env=env, check=False)
+        proc = run_entry("prepare", "--study", study, *overrides(PLAN), env=env, check=False)
         assert proc.returncode != 0
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         said = [line for line in proc.stderr.splitlines() if line.startswith("[gradshare] prepare FAILED: ")]
