@@ -57,6 +57,12 @@ WATCH_EVERY_S = 2.0  # how often the launcher, the orphans, the heartbeats and t
 # A peer host unheard for this long while data waits for it counts as silent (`hosts.silence`): a
 # flowing exchange is acknowledged within milliseconds, a slow one within a round trip.
 SILENT_AFTER_S = 3.0
+# After a silence of L seconds the peer's own data may wait up to about L more: TCP doubles the
+# wait between retransmissions, so the one after the link's return comes up to the silence's
+# length later (before the 120-s cap). This host hears its peer again while the peer's data still
+# waits there, so the update bound counts from the return plus this many times the silence.
+# (A 30-s partition under load once ended a two-host arm "stalled" 39 s after the return.)
+BACKOFF_AFTER_SILENCE = 1.0
 
 
 def peer_name(launch: Launch) -> str:
@@ -73,10 +79,10 @@ def watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: fl
     watched the same way until they end, and the arm completes (README, "Faults"). Across hosts,
     the link too (`hosts.silence`): a peer host silent past `arms.link_silence_s` ends the arm,
     "no traffic from host N"; one heard again sooner lets it go on, the update bound counting
-    from the link's return."""
+    from the link's return plus the silence's length (`BACKOFF_AFTER_SILENCE`)."""
     a = plan.arms
     deadline = time.monotonic() + limit
-    rc, heard_t, silent_since = None, 0.0, None
+    rc, heard_t, silent_since, silent_from = None, 0.0, None, 0.0
     while True:
         if rc is None:
             try:
@@ -106,12 +112,14 @@ def watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: fl
                 # while a silence lasts, or before ranks that made no progress are named hung)
                 quiet = silence.unanswered(pids) or quiet
             if quiet is not None and quiet.seconds >= SILENT_AFTER_S:
-                heard_t = now
                 if silent_since is None:
-                    silent_since = quiet
+                    # a silence inside the last one's allowance (heard again briefly) is the same outage
+                    start = now - quiet.seconds
+                    silent_since, silent_from = quiet, (start if now > heard_t else min(silent_from, start))
                     print(f"[gradshare] arm {arm}: no traffic from {peer_name(launch)} ({quiet.addr}) for "
                           f"{quiet.seconds:.0f} s while {quiet.waiting}: the arm waits up to arms.link_silence_s "
                           f"{a.link_silence_s:g} s for the link", file=sys.stderr, flush=True)
+                heard_t = now
                 if quiet.seconds > a.link_silence_s:
                     stop_all(proc, workdir)
                     raise StudyError(  # whole seconds rounded up: past a bound of 15 s reads 16, never 15
@@ -122,6 +130,7 @@ def watch(plan: Plan, arm: str, proc: subprocess.Popen, workdir: Path, limit: fl
             elif silent_since is not None:
                 print(f"[gradshare] arm {arm}: {peer_name(launch)} ({silent_since.addr}) is heard again: the arm "
                       f"goes on", file=sys.stderr, flush=True)
+                heard_t = now + BACKOFF_AFTER_SILENCE * (now - silent_from)
                 silent_since = None
         why = hung(heard_t)
         if why:

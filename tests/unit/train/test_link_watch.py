@@ -74,6 +74,26 @@ def test_a_peer_that_answers_no_connection_while_the_ranks_wait_is_the_link_and_
     assert asked and min(asked) >= 1.9, asked
 
 
+def test_after_the_links_return_the_bound_allows_the_silences_length_for_tcps_backoff(tmp_path, monkeypatch):
+    """TCP doubles the wait between retransmissions: after a silence of L s the peer's data may
+    come up to L s after the link is back, while this host already hears its peer. The link is
+    silent 5.5 s (3 s unheard when first asked, then 2.5 s), the rank progresses 6 s in, 3.5 s
+    after the return: past the 2-s update bound counted from the return alone, inside it counted
+    from the return plus the silence's length (a 30-s partition once ended an arm "stalled" so)."""
+    def link_down_first(t0):
+        def unanswered(pids):
+            return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it "
+                                   "answers no connection") if time.monotonic() - t0 < 2.5 else None
+        return unanswered
+
+    for workdir in ("allowed", "from-return"):
+        (tmp_path / workdir).mkdir()
+    assert _watch(_plan(), tmp_path / "allowed", 6.0, link_down_first(time.monotonic()), monkeypatch) == 0
+    monkeypatch.setattr(supervise, "BACKOFF_AFTER_SILENCE", 0.0)  # the bound from the return alone
+    with pytest.raises(StudyError, match=r"^stalled: arm dense: rank 0 on host .* made no progress"):
+        _watch(_plan(), tmp_path / "from-return", 6.0, link_down_first(time.monotonic()), monkeypatch)
+
+
 def test_the_same_wait_with_a_peer_that_answers_is_named_hung(tmp_path, monkeypatch):
     asked = []
     with pytest.raises(StudyError, match=r"^stalled: arm dense: rank 0 on host .* made no progress for \d+ s"):
