@@ -61,7 +61,8 @@ SILENT_AFTER_S = 3.0
 # wait between retransmissions, so the one after the link's return comes up to the silence's
 # length later (before the 120-s cap). This host hears its peer again while the peer's data still
 # waits there, so the update bound counts from the return plus this many times the silence.
-# (A 30-s partition under load once ended a two-host arm "stalled" 39 s after the return.)
+# (A 30-s partition under load once ended a two-host arm "stalled": 69 s without progress, so at
+# most 39 s after the return, under the 30-s update bound counted from it.)
 BACKOFF_AFTER_SILENCE = 1.0
 
 
