@@ -17,8 +17,9 @@ silence either.
 A host whose ranks only wait to *receive* from the peer has nothing unacknowledged: the link's
 silence cannot show in its own queues. There `unanswered` asks the peer's kernel instead: a new
 connection to a port the ranks already talk to it on, answered (accepted or refused) within a second
-by a peer that is there, never by one behind a downed link. The watch asks it only where its ranks
-would otherwise be named hung (`train.supervise`), so a hung peer rank is still the heartbeat's.
+by a peer that is there, never by one behind a downed link. The watch asks it only once its ranks
+made no progress for a share of the update bound (`train.supervise.ASK_PEER_AT`), so a hung peer
+rank, which still answers, stays the heartbeat's.
 
 Loopback connections (the tracking server, the bridge of the emulated hosts) never count. Where
 `ss` (iproute2) is missing or fails, nothing is known: `read` returns None and only the heartbeat's
