@@ -41,6 +41,15 @@ def _plan(**more):
                               "arms.link_silence_s": "30", **more})
 
 
+def _link_down_until(t0: float, up_s: float = float("inf")):
+    """`silence.unanswered` as a peer behind a link down from `t0` (3 s unheard when first asked)
+    until `up_s` seconds after it, answering from then on."""
+    def unanswered(pids):
+        return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it "
+                               "answers no connection") if time.monotonic() - t0 < up_s else None
+    return unanswered
+
+
 def _watch(plan, tmp_path, wait_s: float, unanswered, monkeypatch):
     monkeypatch.setattr(supervise, "WATCH_EVERY_S", 0.1)
     monkeypatch.setattr(supervise.silence, "read", lambda pids: None)  # nothing waits in the queues
@@ -58,10 +67,11 @@ def test_a_peer_that_answers_no_connection_while_the_ranks_wait_is_the_link_and_
     t0 = time.monotonic()
     asked = []
 
-    def unanswered(pids):  # the link is down for the first 2.5 s, then the peer answers again
+    peer = _link_down_until(t0, 2.5)  # the link is down for the first 2.5 s, then the peer answers again
+
+    def unanswered(pids):
         asked.append(time.monotonic() - t0)
-        return silence.Silence(PEER, 3.0 + asked[-1], "this host's ranks wait for it and it answers no connection") \
-            if time.monotonic() - t0 < 2.5 else None
+        return peer(pids)
 
     # no progress for 3 s: past the 2-s update bound, inside it counted from the link's return
     assert _watch(_plan(), tmp_path, 3.0, unanswered, monkeypatch) == 0
@@ -80,18 +90,12 @@ def test_after_the_links_return_the_bound_allows_the_silences_length_for_tcps_ba
     silent 5.5 s (3 s unheard when first asked, then 2.5 s), the rank progresses 6 s in, 3.5 s
     after the return: past the 2-s update bound counted from the return alone, inside it counted
     from the return plus the silence's length (a 30-s partition once ended an arm "stalled" so)."""
-    def link_down_first(t0):
-        def unanswered(pids):
-            return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it "
-                                   "answers no connection") if time.monotonic() - t0 < 2.5 else None
-        return unanswered
-
     for workdir in ("allowed", "from-return"):
         (tmp_path / workdir).mkdir()
-    assert _watch(_plan(), tmp_path / "allowed", 6.0, link_down_first(time.monotonic()), monkeypatch) == 0
+    assert _watch(_plan(), tmp_path / "allowed", 6.0, _link_down_until(time.monotonic(), 2.5), monkeypatch) == 0
     monkeypatch.setattr(supervise, "BACKOFF_AFTER_SILENCE", 0.0)  # the bound from the return alone
     with pytest.raises(StudyError, match=r"^stalled: arm dense: rank 0 on host .* made no progress"):
-        _watch(_plan(), tmp_path / "from-return", 6.0, link_down_first(time.monotonic()), monkeypatch)
+        _watch(_plan(), tmp_path / "from-return", 6.0, _link_down_until(time.monotonic(), 2.5), monkeypatch)
 
 
 def test_a_link_back_just_before_the_bound_was_asked_about_while_it_was_down(tmp_path, monkeypatch):
@@ -100,18 +104,12 @@ def test_a_link_back_just_before_the_bound_was_asked_about_while_it_was_down(tmp
     answers again and the rank is named hung (a 30-s partition under the 30-s bound failed so in
     CI); asked from a third of the bound (`ASK_PEER_AT`), the silence is seen while it lasts and
     the rank's progress 3.5 s in, 1.7 s after the return, is inside the allowance."""
-    def link_down_until(t0, up_s):
-        def unanswered(pids):
-            return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it "
-                                   "answers no connection") if time.monotonic() - t0 < up_s else None
-        return unanswered
-
     for workdir in ("asked-early", "asked-at-the-bound"):
         (tmp_path / workdir).mkdir()
-    assert _watch(_plan(), tmp_path / "asked-early", 3.5, link_down_until(time.monotonic(), 1.8), monkeypatch) == 0
+    assert _watch(_plan(), tmp_path / "asked-early", 3.5, _link_down_until(time.monotonic(), 1.8), monkeypatch) == 0
     monkeypatch.setattr(supervise, "ASK_PEER_AT", 1.0)  # asked only where the ranks would be named
     with pytest.raises(StudyError, match=r"^stalled: arm dense: rank 0 on host .* made no progress"):
-        _watch(_plan(), tmp_path / "asked-at-the-bound", 3.5, link_down_until(time.monotonic(), 1.8), monkeypatch)
+        _watch(_plan(), tmp_path / "asked-at-the-bound", 3.5, _link_down_until(time.monotonic(), 1.8), monkeypatch)
 
 
 def test_the_same_wait_with_a_peer_that_answers_is_named_hung(tmp_path, monkeypatch):
@@ -122,14 +120,8 @@ def test_the_same_wait_with_a_peer_that_answers_is_named_hung(tmp_path, monkeypa
 
 
 def test_a_peer_unanswered_past_the_link_bound_ends_the_arm_with_no_traffic(tmp_path, monkeypatch):
-    t0 = time.monotonic()
-
-    def unanswered(pids):
-        return silence.Silence(PEER, 3.0 + time.monotonic() - t0, "this host's ranks wait for it and it answers "
-                                                                  "no connection")
-
     with pytest.raises(StudyError) as failed:
-        _watch(_plan(**{"arms.link_silence_s": "6"}), tmp_path, 30.0, unanswered, monkeypatch)
+        _watch(_plan(**{"arms.link_silence_s": "6"}), tmp_path, 30.0, _link_down_until(time.monotonic()), monkeypatch)
     reason = str(failed.value)
     assert reason.startswith(f"no traffic: arm dense: no traffic from host 1 ({PEER}) for "), reason
     silent_s = int(reason.split(" for ", 1)[1].split(" s ", 1)[0])
